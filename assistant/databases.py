@@ -1,0 +1,55 @@
+"""Turn DATABASE_URL into Django's DATABASES entry.
+
+SQLite is the embedded default and is shared by the web server and several qcluster
+worker processes, so it runs in WAL mode with IMMEDIATE transactions: writers queue on
+the busy timeout instead of failing with "database is locked" when a read lock would
+have to be upgraded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+SQLITE_OPTIONS = {
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 30,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+
+
+def database_from_url(url: str, *, default_sqlite_path: Path) -> dict:
+    if not url:
+        url = f"sqlite:///{default_sqlite_path}"
+    try:
+        config = dj_database_url.parse(url, conn_max_age=0)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL is not usable: {exc}") from None
+    engine = config["ENGINE"]
+    if engine == "django.db.backends.sqlite3":
+        if config["NAME"] != ":memory:":
+            Path(config["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+        config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
+    elif engine != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(
+            f"DATABASE_URL must point at SQLite or PostgreSQL, not {engine!r}."
+        )
+    return config
+
+
+def channel_layers_from_url(redis_url: str) -> dict:
+    """channels_redis when REDIS_URL is set; the in-memory layer otherwise.
+
+    The in-memory layer only reaches consumers in the same process; the dashboard's
+    consumer also replays from the Event table, so pages still see workers' events.
+    """
+    if redis_url:
+        return {
+            "default": {
+                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                "CONFIG": {"hosts": [redis_url], "capacity": 1000, "expiry": 30},
+            }
+        }
+    return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

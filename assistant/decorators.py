@@ -1,0 +1,25 @@
+"""View decorators shared by every page that shows a conversation."""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404
+
+from orchestration.models import Conversation
+
+
+def owned_conversation(view):
+    """Load the conversation named in the URL, or 404 unless the user owns it.
+
+    404 rather than 403, so an outsider cannot even learn which ids exist.
+    """
+
+    @login_required
+    @wraps(view)
+    def wrapper(request, conversation_id: int, *args, **kwargs):
+        conversation = get_object_or_404(Conversation, pk=conversation_id, owner=request.user)
+        return view(request, conversation, *args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,3 @@
+"""WebSocket routes. The live dashboard consumer arrives with the dashboard work."""
+
+websocket_urlpatterns: list = []

@@ -1,0 +1,201 @@
+"""Django settings, read from the environment (see README "Configuration").
+
+Every default is the embedded one: SQLite under var/, the in-memory channel layer, the
+offline LLM provider. Nothing here needs a service or a key to start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from assistant.databases import channel_layers_from_url, database_from_url
+from assistant.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("ASSISTANT_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", True)
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
+    SECRET_KEY = "dev-only-insecure-key-do-not-use-in-production"  # noqa: S105
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "django_q",
+    "template_partials",
+    "assistant",
+    "orchestration",
+    "skills",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "assistant.urls"
+ASGI_APPLICATION = "assistant.asgi.application"
+WSGI_APPLICATION = "assistant.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    }
+]
+
+DATABASES = {
+    "default": database_from_url(
+        env_str("DATABASE_URL"), default_sqlite_path=VAR_DIR / "assistant.sqlite3"
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL")
+CHANNEL_LAYERS = channel_layers_from_url(REDIS_URL)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "conversation_list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+
+# Mail: the console by default; EMAIL_BACKEND / EMAIL_HOST etc. switch to SMTP or files.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "assistant@localhost")
+
+# Security headers; the strict ones switch on with DEBUG off (`check --deploy` clean).
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False  # htmx reads the token from the page, not the cookie
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+if not DEBUG:
+    SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Background work: django-q2 always on its ORM broker (DESIGN.md §4: at-least-once
+# delivery; the engine's leases and idempotency keys make a second delivery harmless).
+# `timeout` must stay below `retry`, or a slow task is handed out twice while it runs.
+Q_WORKERS = env_int("Q_WORKERS", 8, minimum=1)
+Q_TIMEOUT = env_int("Q_TIMEOUT", 600, minimum=1)
+Q_CLUSTER = {
+    "name": "assistant",
+    "orm": "default",
+    "workers": Q_WORKERS,
+    "timeout": Q_TIMEOUT,
+    "retry": Q_TIMEOUT + 60,
+    "max_attempts": 1,
+    "poll": env_float("Q_POLL_SECONDS", 0.05, minimum=0.01),
+    "catch_up": False,
+    "ack_failures": True,
+    "save_limit": 1000,
+    "label": "Background tasks",
+    "sync": env_bool("Q_SYNC", False),
+}
+if Q_CLUSTER["timeout"] >= Q_CLUSTER["retry"]:
+    raise ImproperlyConfigured("Q_CLUSTER timeout must stay below retry.")
+
+# LLM: the openai SDK reads OPENAI_API_KEY / OPENAI_BASE_URL itself. Without a key the
+# offline provider plans deterministically and says so in its answers.
+ASSISTANT_LLM_PROVIDER = env_str(
+    "ASSISTANT_LLM_PROVIDER", "openai" if env_str("OPENAI_API_KEY") else "offline"
+)
+if ASSISTANT_LLM_PROVIDER not in {"openai", "offline"}:
+    raise ImproperlyConfigured("ASSISTANT_LLM_PROVIDER must be 'openai' or 'offline'.")
+ASSISTANT_ORCHESTRATOR_MODEL = env_str("ASSISTANT_ORCHESTRATOR_MODEL", "gpt-4o-mini")
+ASSISTANT_AGENT_MODEL = env_str("ASSISTANT_AGENT_MODEL", "gpt-4o-mini")
+ASSISTANT_LLM_TIMEOUT_SECONDS = env_float("ASSISTANT_LLM_TIMEOUT_SECONDS", 60.0, minimum=1)
+ASSISTANT_LLM_MAX_RETRIES = env_int("ASSISTANT_LLM_MAX_RETRIES", 3)
+# Prices per million tokens, for the cost counters (0 = not shown).
+ASSISTANT_PRICE_PROMPT_PER_MTOK = env_float("ASSISTANT_PRICE_PROMPT_PER_MTOK", 0.15)
+ASSISTANT_PRICE_COMPLETION_PER_MTOK = env_float("ASSISTANT_PRICE_COMPLETION_PER_MTOK", 0.60)
+
+# Limits (DESIGN.md §5). orchestration/limits.py is the one place that reads them.
+ASSISTANT_LIMITS = {
+    "skill_timeout_seconds": env_float("LIMIT_SKILL_TIMEOUT_SECONDS", 30.0, minimum=0.01),
+    "agent_max_tool_calls": env_int("LIMIT_AGENT_MAX_TOOL_CALLS", 5, minimum=1),
+    "agent_max_tool_calls_cap": env_int("LIMIT_AGENT_MAX_TOOL_CALLS_CAP", 20, minimum=1),
+    "agent_token_budget": env_int("LIMIT_AGENT_TOKEN_BUDGET", 60_000, minimum=1),
+    "agent_timeout_seconds": env_float("LIMIT_AGENT_TIMEOUT_SECONDS", 300.0, minimum=1),
+    "agent_max_retries": env_int("LIMIT_AGENT_MAX_RETRIES", 1),
+    "turn_max_agents": env_int("LIMIT_TURN_MAX_AGENTS", 8, minimum=1),
+    "turn_max_skill_calls": env_int("LIMIT_TURN_MAX_SKILL_CALLS", 30, minimum=1),
+    "turn_max_llm_iterations": env_int("LIMIT_TURN_MAX_LLM_ITERATIONS", 6, minimum=1),
+    "conversation_max_skill_calls": env_int("LIMIT_CONVERSATION_MAX_SKILL_CALLS", 50, minimum=1),
+    "conversation_window_seconds": env_int("LIMIT_CONVERSATION_WINDOW_SECONDS", 300, minimum=1),
+    "max_delegation_depth": env_int("LIMIT_MAX_DELEGATION_DEPTH", 2),
+}
+
+# Engine durability (DESIGN.md §4).
+ASSISTANT_LEASE_SECONDS = env_int("ASSISTANT_LEASE_SECONDS", 90, minimum=5)
+ASSISTANT_MAX_STEP_ATTEMPTS = env_int("ASSISTANT_MAX_STEP_ATTEMPTS", 3, minimum=1)
+
+# Skills (DESIGN.md §7).
+SKILLS_WORKSPACE_ROOT = Path(env_str("SKILLS_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
+SKILLS_MAX_FILE_BYTES = env_int("SKILLS_MAX_FILE_BYTES", 1_000_000, minimum=1)
+SKILLS_MAX_ARGUMENT_BYTES = env_int("SKILLS_MAX_ARGUMENT_BYTES", 64_000, minimum=1)
+SKILLS_BREAKER_THRESHOLD = env_int("SKILLS_BREAKER_THRESHOLD", 5, minimum=1)
+SKILLS_BREAKER_COOLDOWN_SECONDS = env_float("SKILLS_BREAKER_COOLDOWN_SECONDS", 30.0)
+SKILLS_EXECUTION_MODEL = "orchestration.SkillExecution"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django_q": {"level": env_str("Q_LOG_LEVEL", "WARNING")}},
+}

@@ -1,0 +1,15 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from assistant import views
+
+urlpatterns = [
+    path("", views.conversation_list, name="conversation_list"),
+    path("conversations/new/", views.conversation_create, name="conversation_create"),
+    path("conversations/<int:conversation_id>/", views.conversation_detail, name="conversation_detail"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("healthz", views.healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+]

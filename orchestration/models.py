@@ -1,0 +1,382 @@
+"""The engine's state. The database is the source of truth (DESIGN.md §4).
+
+Conversation → Turn → AgentDispatch → SkillExecution, with Messages for the
+orchestrator's history, LLMCalls for every model response (reused on replay) and an
+append-only Event log for the timeline and the audit trail.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.urls import reverse
+
+from skills.models import AbstractSkillExecution
+
+
+class Conversation(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-updated_at"], name="conv_owner_recent")]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.pk}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("conversation_detail", args=[self.pk])
+
+
+class TurnStatus(models.TextChoices):
+    RUNNING = "running"
+    WAITING = "waiting"  # the orchestrator waits for agents; no worker is held
+    PAUSED = "paused"  # a limit tripped; the owner decides: continue or stop
+    COMPLETED = "completed"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+ACTIVE_TURN_STATUSES = (TurnStatus.RUNNING, TurnStatus.WAITING, TurnStatus.PAUSED)
+
+
+class Turn(models.Model):
+    """One user message and everything the engine did to answer it."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="turns")
+    number = models.PositiveIntegerField()
+    status = models.CharField(
+        max_length=16, choices=TurnStatus.choices, default=TurnStatus.RUNNING, db_index=True
+    )
+    # The limits in force for this turn (a snapshot of settings, raised by Continue).
+    limits = models.JSONField(default=dict, blank=True)
+    # Counters, updated atomically with F() so concurrent workers never overshoot.
+    agents_dispatched = models.PositiveIntegerField(default=0)
+    skill_calls = models.PositiveIntegerField(default=0)
+    llm_iterations = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    continuations = models.PositiveIntegerField(default=0)
+    # What the waiting orchestrator step is waiting for: {"tool_call_id", "agent_ids"}.
+    awaiting = models.JSONField(default=dict, blank=True)
+    # The orchestrator step's lease (crash safety) and delivery count (dead-lettering).
+    lease_token = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    step_attempts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["conversation_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "number"], name="turn_number_unique"),
+            models.UniqueConstraint(
+                fields=["conversation"],
+                condition=Q(status__in=ACTIVE_TURN_STATUSES),
+                name="one_active_turn_per_conversation",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "lease_expires_at"], name="turn_lease")]
+
+    def __str__(self) -> str:
+        return f"Turn {self.number} of {self.conversation}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_TURN_STATUSES
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class TurnPause(models.Model):
+    """A tripped turn- or conversation-level limit: the stored "continue?" question."""
+
+    class Decision(models.TextChoices):
+        PENDING = "", "pending"
+        CONTINUE = "continue"
+        STOP = "stop"
+
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="pauses")
+    limit = models.CharField(max_length=64)
+    detail = models.JSONField(default=dict, blank=True)  # completed, not started, budget left
+    tripped_at = models.DateTimeField(auto_now_add=True)
+    decision = models.CharField(max_length=16, choices=Decision.choices, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["turn_id", "tripped_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["turn"], condition=Q(decision=""), name="one_open_pause_per_turn"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.limit} on {self.turn}"
+
+
+class Message(models.Model):
+    """The orchestrator's conversation history (sub-agent traces live on dispatches)."""
+
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+        TOOL = "tool"
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    turn = models.ForeignKey(
+        Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="messages"
+    )
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True)
+    tool_calls = models.JSONField(default=list, blank=True)
+    tool_call_id = models.CharField(max_length=128, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["conversation_id", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "seq"], name="message_seq_unique"),
+            # One answer per tool call: a replayed step cannot append a second result.
+            models.UniqueConstraint(
+                fields=["turn", "tool_call_id"],
+                condition=~Q(tool_call_id=""),
+                name="message_tool_result_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} #{self.seq}"
+
+
+class AgentProfile(models.Model):
+    """An editable role (researcher, planner, ...) a dispatch can name."""
+
+    name = models.SlugField(max_length=50, unique=True)
+    description = models.CharField(max_length=300, blank=True)
+    system_prompt = models.TextField()
+    allowed_skills = models.JSONField(
+        default=list, blank=True, help_text="Skill names this role may be granted."
+    )
+    read_only = models.BooleanField(
+        default=False, help_text="Only read-only skills may be granted to this role."
+    )
+    max_tool_calls = models.PositiveIntegerField(default=5)
+    model = models.CharField(max_length=100, blank=True, help_text="Blank: the agents' default.")
+    may_delegate = models.BooleanField(default=False)
+    version = models.PositiveIntegerField(default=1, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args, **kwargs):
+        # Every edit is a new version, so a dispatch records exactly what was in force.
+        if not self._state.adding:
+            self.version += 1
+        super().save(*args, **kwargs)
+
+
+class DispatchState(models.TextChoices):
+    CREATED = "created"
+    RUNNING = "running"
+    WAITING_FOR_MERGE = "waiting_for_merge"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+    CLOSED = "closed"
+
+
+class DispatchOutcome(models.TextChoices):
+    NONE = "", "-"
+    COMPLETED = "completed"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+class AgentDispatch(models.Model):
+    """One sub-agent: its mission, grant, contract, lifecycle, lease and result."""
+
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="dispatches")
+    agent_id = models.CharField(max_length=64)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    depth = models.PositiveSmallIntegerField(default=1)
+    profile = models.ForeignKey(
+        AgentProfile, null=True, blank=True, on_delete=models.SET_NULL, related_name="dispatches"
+    )
+    profile_name = models.CharField(max_length=50, blank=True)
+    profile_version = models.PositiveIntegerField(null=True, blank=True)
+    model = models.CharField(max_length=100, blank=True)
+    mission = models.TextField()
+    skills = models.JSONField(default=list, blank=True)
+    context = models.TextField(blank=True)
+    depends_on = models.JSONField(default=list, blank=True)
+    max_tool_calls = models.PositiveIntegerField(default=5)
+    contract = models.JSONField(default=dict, blank=True)
+    tool_call_id = models.CharField(max_length=128, blank=True)  # the dispatch_agent call
+    state = models.CharField(
+        max_length=24, choices=DispatchState.choices, default=DispatchState.CREATED
+    )
+    outcome = models.CharField(
+        max_length=24, choices=DispatchOutcome.choices, blank=True, default=""
+    )
+    close_reason = models.CharField(max_length=300, blank=True)
+    result = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    transcript = models.JSONField(default=list, blank=True)
+    tool_calls_used = models.PositiveIntegerField(default=0)
+    llm_calls = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0)  # deliveries, for dead-lettering
+    retries = models.PositiveIntegerField(default=0)  # transient-failure retries used
+    lease_token = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["turn_id", "id"]
+        verbose_name = "agent dispatch"
+        verbose_name_plural = "agent dispatches"
+        constraints = [
+            models.UniqueConstraint(fields=["turn", "agent_id"], name="dispatch_agent_id_unique")
+        ]
+        indexes = [
+            models.Index(fields=["turn", "state"], name="dispatch_turn_state"),
+            models.Index(fields=["state", "lease_expires_at"], name="dispatch_lease"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} ({self.state})"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class SkillExecution(AbstractSkillExecution):
+    """One skill call made by a dispatch; (dispatch, tool_call_id) is the idempotency key."""
+
+    dispatch = models.ForeignKey(
+        AgentDispatch, on_delete=models.CASCADE, related_name="skill_executions"
+    )
+
+    class Meta:
+        ordering = ["dispatch_id", "started_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dispatch", "tool_call_id"], name="skill_execution_idempotency_key"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["started_at"], name="skill_exec_started"),
+            models.Index(fields=["status", "started_at"], name="skill_exec_status"),
+        ]
+
+
+class LLMCall(models.Model):
+    """One model response, stored before its tools run so a replay reuses it."""
+
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="llm_calls")
+    dispatch = models.ForeignKey(
+        AgentDispatch, null=True, blank=True, on_delete=models.CASCADE, related_name="llm_call_set"
+    )
+    key = models.CharField(max_length=120)
+    model = models.CharField(max_length=100, blank=True)
+    response = models.JSONField(default=dict)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(default=0)
+    duration_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["turn_id", "id"]
+        verbose_name = "LLM call"
+        constraints = [models.UniqueConstraint(fields=["turn", "key"], name="llm_call_key_unique")]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class AppendOnlyError(Exception):
+    """Events are facts: they are never changed or removed."""
+
+
+class EventQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise AppendOnlyError("Events are append-only; they cannot be updated.")
+
+    def delete(self):
+        raise AppendOnlyError("Events are append-only; they cannot be deleted.")
+
+
+class Event(models.Model):
+    """One fact of the timeline (DESIGN.md §4). Rows are inserted, never changed."""
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.PROTECT, related_name="events"
+    )
+    turn = models.ForeignKey(
+        Turn, null=True, blank=True, on_delete=models.PROTECT, related_name="events"
+    )
+    dispatch = models.ForeignKey(
+        AgentDispatch, null=True, blank=True, on_delete=models.PROTECT, related_name="events"
+    )
+    type = models.CharField(max_length=64, db_index=True)
+    summary = models.CharField(max_length=300)
+    payload = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["conversation", "id"], name="event_replay"),
+            models.Index(fields=["turn", "id"], name="event_turn"),
+            models.Index(fields=["dispatch", "id"], name="event_dispatch"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.summary}"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise AppendOnlyError("Events are append-only; they cannot be updated.")
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise AppendOnlyError("Events are append-only; they cannot be deleted.")

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SkillsConfig(AppConfig):
+    name = "skills"
+    verbose_name = "Skills"

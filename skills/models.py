@@ -1,0 +1,57 @@
+"""The skills app's tables.
+
+`AbstractSkillExecution` is the contract between the execution wrapper and whoever
+stores the audit rows: the engine's `orchestration.SkillExecution` (named by the
+SKILLS_EXECUTION_MODEL setting, like AUTH_USER_MODEL) adds the link to its dispatch.
+Skills stay ignorant of agents; the engine knows which dispatch made the call.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ExecutionStatus(models.TextChoices):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+
+
+class AbstractSkillExecution(models.Model):
+    skill = models.CharField(max_length=100, db_index=True)
+    arguments = models.JSONField(default=dict, blank=True)
+    status = models.CharField(
+        max_length=16, choices=ExecutionStatus.choices, default=ExecutionStatus.RUNNING
+    )
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    tool_call_id = models.CharField(max_length=128)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.skill} [{self.status}]"
+
+
+class SkillCircuit(models.Model):
+    """One row per skill: consecutive failures and, when open, until when.
+
+    Kept in the database rather than process memory so that every worker process sees
+    the same breaker state.
+    """
+
+    skill = models.CharField(max_length=100, primary_key=True)
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    opened_until = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.skill} ({self.consecutive_failures} failures)"
