@@ -1,0 +1,77 @@
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from assistant.databases import channel_layers_from_url, database_from_url
+from assistant.env import env_bool, env_int
+
+
+def test_default_database_is_sqlite_under_var(tmp_path):
+    config = database_from_url("", default_sqlite_path=tmp_path / "var" / "db.sqlite3")
+    assert config["ENGINE"] == "django.db.backends.sqlite3"
+    assert Path(config["NAME"]) == tmp_path / "var" / "db.sqlite3"
+    assert config["OPTIONS"]["transaction_mode"] == "IMMEDIATE"
+    assert (tmp_path / "var").is_dir()
+
+
+def test_postgres_url_is_parsed(tmp_path):
+    config = database_from_url(
+        "postgres://bob:pw@db.internal:5433/assistant", default_sqlite_path=tmp_path / "x"
+    )
+    assert config["ENGINE"] == "django.db.backends.postgresql"
+    assert (config["HOST"], config["PORT"], config["NAME"], config["USER"]) == (
+        "db.internal", 5433, "assistant", "bob",
+    )
+
+
+@pytest.mark.parametrize("url", ["mysql://root@localhost/x", "nonsense://"])
+def test_unsupported_database_urls_are_refused(url, tmp_path):
+    with pytest.raises(ImproperlyConfigured):
+        database_from_url(url, default_sqlite_path=tmp_path / "x")
+
+
+def test_redis_url_selects_channels_redis():
+    layers = channel_layers_from_url("redis://127.0.0.1:6379/0")
+    assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert layers["default"]["CONFIG"]["hosts"] == ["redis://127.0.0.1:6379/0"]
+
+
+def test_no_redis_url_selects_in_memory_layer():
+    assert channel_layers_from_url("")["default"]["BACKEND"].endswith("InMemoryChannelLayer")
+
+
+def test_env_helpers_fail_loudly(monkeypatch):
+    monkeypatch.setenv("LIMIT_X", "lots")
+    with pytest.raises(ImproperlyConfigured, match="LIMIT_X"):
+        env_int("LIMIT_X", 3)
+    monkeypatch.setenv("FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="FLAG"):
+        env_bool("FLAG")
+    monkeypatch.setenv("LIMIT_X", "-1")
+    with pytest.raises(ImproperlyConfigured, match="minimum"):
+        env_int("LIMIT_X", 3, minimum=1)
+
+
+def run_settings(env: dict) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
+    return subprocess.run(
+        [sys.executable, "-c", "import assistant.settings as s; print(s.SECRET_KEY[:3], s.ASSISTANT_LIMITS['turn_max_agents'])"],
+        env={**clean, **env}, capture_output=True, text=True, check=False,
+    )
+
+
+def test_production_refuses_to_start_without_secret_key():
+    result = run_settings({"DEBUG": "0"})
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set" in result.stderr
+
+
+def test_limits_come_from_the_environment():
+    result = run_settings({"DEBUG": "0", "SECRET_KEY": "s3cret-value", "LIMIT_TURN_MAX_AGENTS": "3"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["s3c", "3"]
