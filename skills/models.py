@@ -4,11 +4,33 @@
 stores the audit rows: the engine's `orchestration.SkillExecution` (named by the
 SKILLS_EXECUTION_MODEL setting, like AUTH_USER_MODEL) adds the link to its dispatch.
 Skills stay ignorant of agents; the engine knows which dispatch made the call.
+
+`result` holds the handler's JSON result when the call completed. A failed or timed-out
+row keeps the details an agent was shown there instead: {"error_kind", "problems",
+"retryable"} (see skills/executor.py), so a replay answers exactly as the first call did.
+
+The domains' own records live in skills/domains/<domain>/models.py, imported below so
+that Django registers them with this app.
 """
 
 from __future__ import annotations
 
 from django.db import models
+
+from skills.domains.calendar.models import CalendarEvent
+from skills.domains.email.models import OutboxEmail
+from skills.domains.memory.models import Memory
+from skills.domains.tasks.models import Task
+
+__all__ = [
+    "AbstractSkillExecution",
+    "CalendarEvent",
+    "ExecutionStatus",
+    "Memory",
+    "OutboxEmail",
+    "SkillCircuit",
+    "Task",
+]
 
 
 class ExecutionStatus(models.TextChoices):

@@ -1,0 +1,93 @@
+"""The Skill contract: what a skill declares and what its handler may raise.
+
+A handler is a plain function `handler(user, **arguments) -> dict`. It runs only after
+its arguments passed the skill's JSON Schema, inside a transaction and under a deadline
+(skills/executor.py), always on behalf of one user whose records are the only ones it
+may see or change.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from jsonschema import Draft202012Validator
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
+
+
+class SkillError(Exception):
+    """An expected failure the agent can read and act on ("task 12 not found").
+
+    `permanent=False` says the same call may succeed later (a mail server that is
+    down): the engine may retry it, and it counts towards the skill's circuit breaker.
+    A permanent error is the caller's mistake, not the skill's, so it does not.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = True) -> None:
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Skill:
+    """One capability. `parameters` is a closed JSON Schema (additionalProperties false)
+    with bounds on every string and array, so validation alone keeps payloads small."""
+
+    name: str
+    description: str
+    parameters: dict
+    handler: Callable[..., dict]
+    read_only: bool = False
+    timeout: float | None = None  # seconds; None: ASSISTANT_LIMITS["skill_timeout_seconds"]
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"Skill name {self.name!r} must look like 'domain.action'.")
+        Draft202012Validator.check_schema(self.parameters)
+        if self.parameters.get("type") != "object" or self.parameters.get(
+            "additionalProperties", True
+        ):
+            raise ValueError(f"{self.name}: parameters must be a closed object schema.")
+
+    @property
+    def domain(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def effective_timeout(self) -> float:
+        if self.timeout is not None:
+            return self.timeout
+        return float(settings.ASSISTANT_LIMITS["skill_timeout_seconds"])
+
+    def describe(self) -> dict:
+        """What an LLM is shown about this skill (get_skill, use_skill)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "read_only": self.read_only,
+        }
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Domain:
+    """A group of skills over one kind of record, with the one line `get_skill` shows."""
+
+    name: str
+    description: str
+    skills: tuple[Skill, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for skill in self.skills:
+            if skill.domain != self.name:
+                raise ValueError(f"Skill {skill.name} does not belong to domain {self.name}.")
+        names = [skill.name for skill in self.skills]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Domain {self.name} declares a skill twice.")
+
+    def get(self, name: str) -> Skill | None:
+        return next((skill for skill in self.skills if skill.name == name), None)

@@ -1,0 +1,2 @@
+"""The skill domains, one package each: `models.py` for its records (owned by a user),
+`skills.py` for its handlers and its `DOMAIN` (listed in skills/registry.py)."""

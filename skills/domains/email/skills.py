@@ -1,0 +1,106 @@
+"""email.*: send through Django's configured mail backend, and search what was sent."""
+
+from __future__ import annotations
+
+from email.utils import make_msgid, parseaddr
+
+from django.conf import settings
+from django.core.mail import EmailMessage
+from django.db.models import Q
+
+from skills.base import Domain, Skill, SkillError
+from skills.domains import schema
+from skills.domains.common import iso
+from skills.domains.email.models import BODY_MAX, SUBJECT_MAX, OutboxEmail
+
+MAX_RECIPIENTS = 20
+PREVIEW_CHARS = 200
+
+
+def email_send(user, *, to: list[str], subject: str, body: str) -> dict:
+    message_id = make_msgid(domain=_sender_domain())
+    # The outbox row is written before sending so that a failed send rolls both back.
+    # A send that succeeds in a transaction that then fails cannot be taken back: mail
+    # is the one side effect a database cannot undo.
+    email = OutboxEmail.objects.create(
+        owner=user, to=to, subject=subject, body=body, message_id=message_id
+    )
+    message = EmailMessage(
+        subject=subject,
+        body=body,
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        to=to,
+        reply_to=[user.email] if user.email else None,
+        headers={"Message-ID": message_id},
+    )
+    try:
+        message.send()
+    except OSError as exc:  # smtplib's errors are OSErrors too
+        raise SkillError(f"the mail server failed: {exc}", permanent=False) from exc
+    return {"email": _data(email), "sent": True}
+
+
+def email_search_sent(user, *, text: str = "", recipient: str = "", limit: int = 20) -> dict:
+    emails = OutboxEmail.objects.filter(owner=user)
+    if text:
+        emails = emails.filter(Q(subject__icontains=text) | Q(body__icontains=text))
+    if recipient:
+        emails = emails.filter(to__icontains=recipient)
+    return {"emails": [_data(email) for email in emails[:limit]], "total": emails.count()}
+
+
+def _sender_domain() -> str:
+    address = parseaddr(settings.DEFAULT_FROM_EMAIL)[1]
+    return address.rpartition("@")[2] or "localhost"
+
+
+def _data(email: OutboxEmail) -> dict:
+    preview = email.body[:PREVIEW_CHARS] + ("…" if len(email.body) > PREVIEW_CHARS else "")
+    return {
+        "id": email.pk,
+        "to": email.to,
+        "subject": email.subject,
+        "body_preview": preview,
+        "message_id": email.message_id,
+        "sent_at": iso(email.sent_at),
+    }
+
+
+DOMAIN = Domain(
+    name="email",
+    description="Email on the user's behalf: send messages and search the ones sent.",
+    skills=(
+        Skill(
+            name="email.send",
+            description="Send a plain-text email now. It cannot be unsent.",
+            parameters=schema.params(
+                {
+                    "to": schema.emails("Recipients.", max_items=MAX_RECIPIENTS, min_items=1),
+                    "subject": schema.text(
+                        "One-line subject.", max_length=SUBJECT_MAX, min_length=1, one_line=True
+                    ),
+                    "body": schema.text("Plain-text body.", max_length=BODY_MAX, min_length=1),
+                },
+                required=("to", "subject", "body"),
+            ),
+            handler=email_send,
+        ),
+        Skill(
+            name="email.search_sent",
+            description="Find emails the assistant sent for the user, newest first.",
+            parameters=schema.params(
+                {
+                    "text": schema.text("Words in the subject or body.", max_length=200),
+                    "recipient": schema.text(
+                        "All or part of a recipient's address.", max_length=254
+                    ),
+                    "limit": schema.integer(
+                        "At most this many emails.", minimum=1, maximum=50, default=20
+                    ),
+                }
+            ),
+            handler=email_search_sent,
+            read_only=True,
+        ),
+    ),
+)

@@ -1,0 +1,136 @@
+"""Argument validation: JSON Schema (Draft 2020-12) plus a cap on the whole payload.
+
+The result is a list of short sentences an LLM can act on ("missing required field
+'title'"), never an exception: bad arguments are the model's mistake to correct, not a
+crash of the agent.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+
+from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import validate_email
+from jsonschema import Draft202012Validator, FormatChecker, ValidationError
+
+from skills.base import Skill
+
+MAX_PROBLEMS = 20
+
+# Only the formats our schemas use, checked with the same parsers the handlers use
+# (jsonschema's own date-time check needs an extra package and is stricter than Python).
+FORMATS = FormatChecker(formats=())
+
+
+@FORMATS.checks("date", raises=ValueError)
+def _is_date(value: object) -> bool:
+    return not isinstance(value, str) or bool(date.fromisoformat(value))
+
+
+@FORMATS.checks("date-time", raises=ValueError)
+def _is_datetime(value: object) -> bool:
+    return not isinstance(value, str) or bool(datetime.fromisoformat(value))
+
+
+@FORMATS.checks("email", raises=DjangoValidationError)
+def _is_email(value: object) -> bool:
+    if isinstance(value, str):
+        validate_email(value)
+    return True
+
+
+_TYPES = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "array": "an array",
+    "object": "an object",
+    "null": "null",
+}
+_FORMAT_NAMES = {
+    "date": "a string in YYYY-MM-DD format",
+    "date-time": "an ISO 8601 date-time string such as 2025-03-01T09:30:00+00:00",
+    "email": "a valid email address",
+}
+
+
+def payload_size(arguments: object) -> int | None:
+    """Bytes of the compact JSON encoding; None when it is not JSON at all."""
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
+    return len(text.encode())
+
+
+def validate_arguments(skill: Skill, arguments: object) -> list[str]:
+    """Readable problems with `arguments` for `skill`; an empty list means valid."""
+    size = payload_size(arguments)
+    if size is None:
+        return ["arguments must be plain JSON"]
+    limit = settings.SKILLS_MAX_ARGUMENT_BYTES
+    if size > limit:
+        return [f"arguments are {size} bytes of JSON; the limit is {limit}"]
+    return schema_problems(skill.parameters, arguments)
+
+
+def schema_problems(schema: dict, arguments: object) -> list[str]:
+    """Readable problems with `arguments` against any JSON Schema (tools' too)."""
+    validator = Draft202012Validator(schema, format_checker=FORMATS)
+    errors = sorted(validator.iter_errors(arguments), key=lambda e: (e.json_path, e.validator))
+    problems: list[str] = []
+    for error in errors:
+        for problem in _describe(error):
+            if problem not in problems:
+                problems.append(problem)
+    return problems[:MAX_PROBLEMS]
+
+
+def _describe(error: ValidationError) -> list[str]:
+    where = _field(error)
+    keyword, expected, value = error.validator, error.validator_value, error.instance
+    if keyword == "required":
+        prefix = f"{where[1:-1]}." if error.absolute_path else ""
+        return [f"missing required field '{prefix}{name}'" for name in expected if name not in value]
+    if keyword == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+        return [f"unexpected field {name!r}{hint}" for name in sorted(value) if name not in allowed]
+    if keyword == "type":
+        names = [expected] if isinstance(expected, str) else expected
+        return [f"{where} must be {' or '.join(_TYPES.get(n, n) for n in names)}"]
+    if keyword == "format":
+        return [f"{where} must be {_FORMAT_NAMES.get(expected, f'in {expected} format')}"]
+    if keyword == "maxLength":
+        return [f"{where} must be at most {expected} characters (got {len(value)})"]
+    if keyword == "minLength":
+        return [f"{where} must not be empty" if expected == 1 else
+                f"{where} must be at least {expected} characters"]
+    if keyword == "maxItems":
+        return [f"{where} must have at most {expected} items (got {len(value)})"]
+    if keyword == "minItems":
+        return [f"{where} must have at least {expected} item{'s' if expected > 1 else ''}"]
+    if keyword == "enum":
+        return [f"{where} must be one of {', '.join(json.dumps(v) for v in expected)}"]
+    if keyword == "minimum":
+        return [f"{where} must be at least {expected}"]
+    if keyword == "maximum":
+        return [f"{where} must be at most {expected}"]
+    if keyword == "uniqueItems":
+        return [f"{where} must not repeat items"]
+    if keyword == "pattern":
+        return [f"{where} has an invalid format ({error.schema.get('description', expected)})"]
+    return [f"{where}: {error.message}"]
+
+
+def _field(error: ValidationError) -> str:
+    """'due', 'to[2]' or 'arguments' for the top level."""
+    if not error.absolute_path:
+        return "arguments"
+    text = ""
+    for part in error.absolute_path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return f"'{text}'"
