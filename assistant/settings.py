@@ -205,5 +205,5 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django_q": {"level": env_str("Q_LOG_LEVEL", "WARNING")}},
+    "loggers": {"django-q": {"level": env_str("Q_LOG_LEVEL", "WARNING")}},
 }

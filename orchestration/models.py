@@ -135,6 +135,7 @@ class Message(models.Model):
         USER = "user"
         ASSISTANT = "assistant"
         TOOL = "tool"
+        NOTE = "note", "engine note"  # the engine correcting the model; not shown in chat
 
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages"
@@ -365,6 +366,7 @@ class Event(models.Model):
         ordering = ["id"]
         indexes = [
             models.Index(fields=["conversation", "id"], name="event_replay"),
+            models.Index(fields=["conversation", "type", "created_at"], name="event_window"),
             models.Index(fields=["turn", "id"], name="event_turn"),
             models.Index(fields=["dispatch", "id"], name="event_dispatch"),
         ]

@@ -1,0 +1,80 @@
+"""The audit tree of a turn or a conversation, as plain JSON-ready dicts (selectors)."""
+
+from __future__ import annotations
+
+from orchestration.models import AgentDispatch, Conversation, Turn
+
+
+def _iso(value):
+    return value.isoformat() if value else None
+
+
+def execution_tree(executions: list, parent_id=None) -> list[dict]:
+    return [
+        {
+            "id": e.pk, "skill": e.skill, "status": e.status, "tool_call_id": e.tool_call_id,
+            "arguments": e.arguments, "result": e.result, "error": e.error, "duration_ms": e.duration_ms,
+            "started_at": _iso(e.started_at), "finished_at": _iso(e.finished_at),
+            "children": execution_tree(executions, e.pk),
+        }
+        for e in executions
+        if e.parent_id == parent_id
+    ]
+
+
+def dispatch_tree(dispatches: list[AgentDispatch], parent_id=None) -> list[dict]:
+    return [
+        {
+            "id": d.pk, "agent_id": d.agent_id, "state": d.state, "outcome": d.outcome,
+            "profile": d.profile_name, "profile_version": d.profile_version, "model": d.model,
+            "mission": d.mission, "skills": d.skills, "depends_on": d.depends_on,
+            "close_reason": d.close_reason, "result": d.result, "error": d.error,
+            "tool_calls_used": d.tool_calls_used, "max_tool_calls": d.max_tool_calls,
+            "attempts": d.attempts, "retries": d.retries, "contract": d.contract,
+            "usage": {"llm_calls": d.llm_calls, "prompt_tokens": d.prompt_tokens,
+                      "completion_tokens": d.completion_tokens, "cached_tokens": d.cached_tokens},
+            "created_at": _iso(d.created_at), "started_at": _iso(d.started_at),
+            "finished_at": _iso(d.finished_at), "closed_at": _iso(d.closed_at), "duration_ms": d.duration_ms,
+            "skill_executions": execution_tree(list(d.skill_executions.all())),
+            "children": dispatch_tree(dispatches, d.pk),
+        }
+        for d in dispatches
+        if d.parent_id == parent_id
+    ]
+
+
+def turn_audit(turn: Turn) -> dict:
+    dispatches = list(turn.dispatches.prefetch_related("skill_executions"))
+    return {
+        "id": turn.pk, "number": turn.number, "status": turn.status, "error": turn.error,
+        "started_at": _iso(turn.started_at), "finished_at": _iso(turn.finished_at),
+        "limits": turn.limits, "continuations": turn.continuations,
+        "counters": {"agents": turn.agents_dispatched, "skill_calls": turn.skill_calls,
+                     "llm_iterations": turn.llm_iterations},
+        "usage": {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+                  "cached_tokens": turn.cached_tokens},
+        "pauses": [
+            {"limit": p.limit, "tripped_at": _iso(p.tripped_at), "detail": p.detail, "decision": p.decision,
+             "decided_by": p.decided_by.get_username() if p.decided_by else None, "decided_at": _iso(p.decided_at)}
+            for p in turn.pauses.select_related("decided_by")
+        ],
+        "dispatches": dispatch_tree(dispatches),
+        "events": [
+            {"id": e.pk, "type": e.type, "summary": e.summary, "dispatch": e.dispatch_id,
+             "created_at": _iso(e.created_at), "payload": e.payload}
+            for e in turn.events.all()
+        ],
+    }
+
+
+def conversation_audit(conversation: Conversation) -> dict:
+    return {
+        "id": conversation.pk, "title": conversation.title, "owner": conversation.owner.get_username(),
+        "created_at": _iso(conversation.created_at),
+        "messages": [
+            {"seq": m.seq, "role": m.role, "content": m.content, "tool_calls": m.tool_calls,
+             "tool_call_id": m.tool_call_id, "turn": m.turn_id, "created_at": _iso(m.created_at)}
+            for m in conversation.messages.all()
+        ],
+        "turns": [turn_audit(turn) for turn in conversation.turns.all()],
+    }

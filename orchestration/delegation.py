@@ -1,0 +1,171 @@
+"""Turning dispatch_agent calls into dispatches, or into errors the model can act on.
+
+All dispatch_agent calls of one LLM response are validated as a batch, so an agent may
+depend on another dispatched in the same response; graphlib finds cycles.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from graphlib import CycleError, TopologicalSorter
+
+from django.conf import settings
+
+from orchestration.limits import Limits, LimitTripped
+from orchestration.llm import ToolCall
+from orchestration.models import AgentDispatch, AgentProfile, Turn
+from orchestration.toolcalls import parse_arguments
+from orchestration.tooldefs import dispatch_agent_parameters
+from skills import registry
+
+
+@dataclass
+class Planned:
+    call: ToolCall
+    spec: dict = field(default_factory=dict)
+    profile: AgentProfile | None = None
+    error: str = ""
+
+
+def profiles_by_name() -> dict[str, AgentProfile]:
+    return {p.name: p for p in AgentProfile.objects.all()}
+
+
+def plan_batch(
+    *, turn: Turn, calls: list[ToolCall], parent: AgentDispatch | None = None
+) -> list[Planned]:
+    """Validate every call; the survivors are ready to create, in order."""
+    limits = Limits.from_json(turn.limits)
+    profiles = profiles_by_name()
+    schema = dispatch_agent_parameters(
+        profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap
+    )
+    allowed_for_parent = set(parent.skills) if parent else None
+    planned = []
+    for call in calls:
+        spec, error = parse_arguments(call.arguments, schema)
+        item = Planned(call=call, spec=spec or {}, error=error)
+        if not error:
+            item.profile = profiles.get(spec.get("profile", ""))
+            item.error = _skill_problem(spec["skills"], item.profile, allowed_for_parent)
+        planned.append(item)
+
+    existing = {d.agent_id: d for d in turn.dispatches.all()}
+    seen: set[str] = set()
+    for item in planned:
+        if item.error:
+            continue
+        agent_id = item.spec["agent_id"]
+        if agent_id in existing or agent_id in seen:
+            item.error = f"agent_id {agent_id!r} is already used in this turn; choose another."
+        seen.add(agent_id)
+
+    batch_ids = {i.spec["agent_id"] for i in planned if not i.error}
+    for item in planned:
+        if item.error:
+            continue
+        unknown = [dep for dep in item.spec.get("depends_on", []) if dep not in existing and dep not in batch_ids]
+        if unknown:
+            known = sorted(set(existing) | batch_ids)
+            item.error = (
+                f"depends_on names unknown agents {unknown}; known agent_ids: {known or 'none'}."
+            )
+    _refuse_cycles(planned, existing)
+    return planned
+
+
+def _skill_problem(skills: list[str], profile: AgentProfile | None, parent_skills: set | None) -> str:
+    unknown = [name for name in skills if name not in set(registry.skill_names())]
+    if unknown:
+        return (
+            f"unknown skills {unknown}. Call get_skill to list a domain's skills; "
+            f"valid names look like 'tasks.search'."
+        )
+    if parent_skills is not None:
+        outside = [name for name in skills if name not in parent_skills]
+        if outside:
+            return f"a nested agent may only get a subset of its parent's skills; not allowed: {outside}."
+    if profile is not None:
+        if profile.allowed_skills:
+            outside = [name for name in skills if name not in profile.allowed_skills]
+            if outside:
+                return (
+                    f"profile {profile.name!r} may not use {outside}; "
+                    f"it allows {sorted(profile.allowed_skills)}."
+                )
+        if profile.read_only:
+            writes = [n for n in skills if not registry.get_skill(n).read_only]
+            if writes:
+                return f"profile {profile.name!r} is read-only and may not use {writes}."
+    return ""
+
+
+def _refuse_cycles(planned: list[Planned], existing: dict[str, AgentDispatch]) -> None:
+    graph = {agent_id: set(d.depends_on) for agent_id, d in existing.items()}
+    valid = [i for i in planned if not i.error]
+    for item in valid:
+        graph[item.spec["agent_id"]] = set(item.spec.get("depends_on", []))
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        cycle = exc.args[1]
+        for item in valid:
+            if item.spec["agent_id"] in cycle:
+                item.error = f"depends_on forms a cycle: {' -> '.join(cycle)}. Remove one dependency."
+
+
+def reserve_agents(*, turn: Turn, count: int) -> None:
+    """Atomically take `count` agent slots of the turn, or trip the turn's agent limit."""
+    from django.db.models import F
+
+    if count == 0:
+        return
+    limit = Limits.from_json(turn.limits).turn_max_agents
+    taken = Turn.objects.filter(pk=turn.pk, agents_dispatched__lte=limit - count).update(
+        agents_dispatched=F("agents_dispatched") + count
+    )
+    if not taken:
+        raise LimitTripped(
+            "turn_max_agents",
+            f"This turn may dispatch {limit} agents; {count} more were asked for.",
+            detail={"limit": limit, "used": turn.agents_dispatched, "requested": count},
+        )
+
+
+def contract_for(*, turn: Turn, spec: dict, profile: AgentProfile | None, depth: int, task_prompt: str) -> dict:
+    """The delegation contract of seed 003, stored on the dispatch."""
+    limits = Limits.from_json(turn.limits)
+    can_spawn = bool(profile and profile.may_delegate) and depth < limits.max_delegation_depth
+    return {
+        "parent": {
+            "run_id": f"turn-{turn.pk}",
+            "step_idx": turn.llm_iterations,
+            "task_prompt": task_prompt,
+            "goal_summary": task_prompt[:200],
+        },
+        "step": {
+            "title": spec["agent_id"],
+            "description": spec["mission"],
+            "success_criteria": ["The mission is done, or the report says why it is not."],
+        },
+        "permissions": {
+            "allowed_tools": sorted(spec["skills"]),
+            "can_spawn_children": can_spawn,
+            "max_delegation_depth": limits.max_delegation_depth if can_spawn else 0,
+        },
+        "execution": {
+            "attempt_timeout_ms": int(limits.agent_timeout_seconds * 1000),
+            "max_retries": limits.agent_max_retries,
+            "close_on_completion": True,
+        },
+        "outputs": {"report_format": "markdown"},
+    }
+
+
+def dispatch_result_json(agent_id: str) -> str:
+    return json.dumps({"agent_id": agent_id, "status": "dispatched"})
+
+
+def model_for(profile: AgentProfile | None) -> str:
+    return (profile.model if profile and profile.model else "") or settings.ASSISTANT_AGENT_MODEL

@@ -1,0 +1,62 @@
+"""The orchestrator's message history, stored as Message rows and sent in Chat Completions shape."""
+
+from __future__ import annotations
+
+from django.db.models import Max
+
+from orchestration.models import Message, Turn
+
+ENGINE_NOTE_PREFIX = "[engine note] "
+
+
+def message_append(*, turn: Turn, role: str, content: str = "", tool_calls=None, tool_call_id: str = "") -> Message:
+    """Append to the conversation; only the turn's lease holder writes, so seq is safe."""
+    last = turn.conversation.messages.aggregate(last=Max("seq"))["last"] or 0
+    return Message.objects.create(
+        conversation=turn.conversation,
+        turn=turn,
+        seq=last + 1,
+        role=role,
+        content=content,
+        tool_calls=tool_calls or [],
+        tool_call_id=tool_call_id,
+    )
+
+
+def llm_messages(*, turn: Turn, system_prompt: str) -> list[dict]:
+    """Earlier turns contribute their questions and answers; this turn everything.
+
+    Tool traffic of earlier turns stays out: it is in the audit trail, and sending it
+    again would spend the context window on results the answers already summarise.
+    """
+    messages: list[dict] = [{"role": "system", "content": system_prompt}]
+    rows = turn.conversation.messages.filter(turn__number__lte=turn.number).select_related("turn")
+    for row in rows.order_by("seq"):
+        if row.turn_id != turn.pk:
+            if row.role == Message.Role.USER or (row.role == Message.Role.ASSISTANT and not row.tool_calls and row.content):
+                messages.append({"role": row.role, "content": row.content})
+            continue
+        messages.append(_as_llm_message(row))
+    return messages
+
+
+def _as_llm_message(row: Message) -> dict:
+    if row.role == Message.Role.TOOL:
+        return {"role": "tool", "tool_call_id": row.tool_call_id, "content": row.content}
+    if row.role == Message.Role.NOTE:
+        return {"role": "user", "content": ENGINE_NOTE_PREFIX + row.content}
+    message: dict = {"role": row.role, "content": row.content or None}
+    if row.tool_calls:
+        message["tool_calls"] = row.tool_calls
+    return message
+
+
+def pending_tool_calls(turn: Turn) -> tuple[Message | None, list[dict]]:
+    """The last assistant message's tool calls that have no result yet."""
+    last = turn.messages.filter(role=Message.Role.ASSISTANT).order_by("-seq").first()
+    if last is None or not last.tool_calls:
+        return last, []
+    answered = set(
+        turn.messages.filter(role=Message.Role.TOOL, seq__gt=last.seq).values_list("tool_call_id", flat=True)
+    )
+    return last, [call for call in last.tool_calls if call["id"] not in answered]

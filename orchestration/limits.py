@@ -1,0 +1,67 @@
+"""Every limit of DESIGN.md §5 in one place: what it is, its default, how it trips.
+
+A turn keeps a snapshot of these (Turn.limits) so a settings change never alters a turn
+in flight, and Continue raises the snapshot's budget for the tripped kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from django.conf import settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    skill_timeout_seconds: float
+    """Per skill call: the skill executor's deadline."""
+    agent_max_tool_calls: int
+    """Per sub-agent: default tool-call budget when the dispatch names none."""
+    agent_max_tool_calls_cap: int
+    """Per sub-agent: the most a dispatch may ask for."""
+    agent_token_budget: int
+    """Per sub-agent: prompt + completion tokens across its LLM calls."""
+    agent_timeout_seconds: float
+    """Per sub-agent: wall clock from its first start."""
+    agent_max_retries: int
+    """Per sub-agent: retries of an attempt that failed for a transient reason."""
+    turn_max_agents: int
+    """Per turn: dispatches, nested ones included."""
+    turn_max_skill_calls: int
+    """Per turn: skill calls across all its agents."""
+    turn_max_llm_iterations: int
+    """Per turn: orchestrator LLM calls."""
+    conversation_max_skill_calls: int
+    """Per conversation: skill calls in any sliding window."""
+    conversation_window_seconds: int
+    """Per conversation: the sliding window's length."""
+    max_delegation_depth: int
+    """Nesting: how deep sub-agents may dispatch their own sub-agents."""
+
+    @classmethod
+    def from_settings(cls) -> Limits:
+        return cls(**settings.ASSISTANT_LIMITS)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Limits:
+        """The turn's snapshot, with settings filling any field it predates."""
+        known = {f.name for f in fields(cls)}
+        return replace(cls.from_settings(), **{k: v for k, v in data.items() if k in known})
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def agent_tool_budget(self, requested: int | None) -> int:
+        if not requested:
+            return self.agent_max_tool_calls
+        return max(1, min(int(requested), self.agent_max_tool_calls_cap))
+
+
+class LimitTripped(Exception):
+    """A turn- or conversation-level limit is spent: the turn must pause and ask."""
+
+    def __init__(self, limit: str, message: str, *, detail: dict | None = None):
+        super().__init__(message)
+        self.limit = limit
+        self.message = message
+        self.detail = detail or {}

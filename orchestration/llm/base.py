@@ -1,0 +1,64 @@
+"""What every LLM provider returns, in a form that can be stored and replayed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+class LLMError(Exception):
+    """The model could not be asked. `transient` says whether trying again may help."""
+
+    def __init__(self, message: str, *, transient: bool):
+        super().__init__(message)
+        self.transient = transient
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # the raw JSON text the model sent: untrusted until parsed
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class LLMResponse:
+    content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> LLMResponse:
+        return cls(
+            content=data.get("content") or "",
+            tool_calls=[ToolCall(**call) for call in data.get("tool_calls") or []],
+            finish_reason=data.get("finish_reason") or "stop",
+            usage=Usage(**(data.get("usage") or {})),
+            model=data.get("model") or "",
+        )
+
+    def as_message(self) -> dict:
+        """The assistant message to put back into the history (Chat Completions shape)."""
+        message: dict = {"role": "assistant", "content": self.content or None}
+        if self.tool_calls:
+            message["tool_calls"] = [tool_call_message(call) for call in self.tool_calls]
+        return message
+
+
+def tool_call_message(call: ToolCall) -> dict:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }

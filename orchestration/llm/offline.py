@@ -1,0 +1,195 @@
+"""The offline planner: the embedded default when no API key is set.
+
+Deterministic and without network, yet it drives the real pipeline: the orchestrator
+side discovers skills, dispatches agents (with depends_on) from the user's words, waits
+for them and writes an answer from their results; the agent side turns the planned call
+in its context into real `use_skill` calls. It is a function of the messages alone, so a
+replay or a second worker gets the same answer. It says plainly that it is offline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, time, timedelta
+
+from django.utils import timezone
+
+from orchestration.llm.base import LLMResponse, ToolCall, Usage
+
+BANNER = "*(Offline planner — no LLM API key is configured, so this answer was planned by simple rules.)*"
+PLAN_MARKER = "Planned call: "
+PRIOR_PLACEHOLDER = "{{prior_results}}"
+EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+TIME_RE = re.compile(r"\b(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)\b|\bat\s+(\d{1,2}):(\d{2})\b", re.I)
+
+
+class OfflineProvider:
+    name = "offline"
+
+    def complete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse:
+        names = {tool["function"]["name"] for tool in tools}
+        if "use_skill" in names:
+            response = _agent_reply(messages)
+        else:
+            response = _orchestrator_reply(messages)
+        text = json.dumps(messages)
+        usage = Usage(prompt_tokens=len(text) // 4, completion_tokens=len(json.dumps(response.to_json())) // 4)
+        return LLMResponse(response.content, response.tool_calls, "stop", usage, "offline-planner")
+
+
+# --- orchestrator side -------------------------------------------------------------------
+
+
+def _orchestrator_reply(messages: list[dict]) -> LLMResponse:
+    start = max(i for i, m in enumerate(messages) if m["role"] == "user" and not m["content"].startswith("[engine"))
+    request = messages[start]["content"]
+    turn = messages[start + 1 :]
+    called = [c["function"]["name"] for m in turn if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    if not called:
+        return _calls([("get_skill", {})])
+    last = called[-1]
+    if last == "get_skill":
+        plan = plan_agents(request)
+        if not plan:
+            return LLMResponse(f"{BANNER}\n\n{_help_text()}")
+        return _calls([("dispatch_agent", spec) for spec in plan])
+    if last == "dispatch_agent":
+        return _calls([("get_agent_results", {})])
+    results = next((json.loads(m["content"]) for m in reversed(turn) if m["role"] == "tool"), {})
+    return LLMResponse(_answer(results))
+
+
+def _calls(calls: list[tuple[str, dict]]) -> LLMResponse:
+    return LLMResponse(
+        "",
+        [ToolCall(id=f"offline_{i}_{name}", name=name, arguments=json.dumps(args)) for i, (name, args) in enumerate(calls)],
+    )
+
+
+def _answer(results: dict) -> str:
+    lines = [BANNER, ""]
+    for agent in results.get("agents", []):
+        result = (agent.get("result") or "").strip()
+        lines.append(f"- **{agent['agent_id']}** ({agent['status']}): {result}")
+    if "error" in results:
+        lines.append(f"Something went wrong: {results['error']}")
+    return "\n".join(lines)
+
+
+def _help_text() -> str:
+    return (
+        "I did not recognise a request I can plan offline. Try for example: "
+        '"find my overdue tasks, email them to bob@example.com and book a review meeting '
+        'tomorrow at 2pm", "add a task: renew passport", "remember that the wifi password '
+        'is on the fridge", "what do you remember about wifi", or "list my files".'
+    )
+
+
+def plan_agents(request: str) -> list[dict]:
+    """From the user's words to dispatch_agent arguments, with dependencies."""
+    text = request.lower()
+    emails = EMAIL_RE.findall(request)
+    plan: list[dict] = []
+    search = None
+    if re.search(r"\b(tasks?|to-?dos?)\b", text) and not re.search(r"\badd (a )?task\b", text):
+        overdue = "overdue" in text
+        search = "find-tasks"
+        plan.append(_spec(search, f"Find my {'overdue' if overdue else 'open'} tasks.", "tasks.search",
+                          {"status": "open", "overdue": True} if overdue else {"status": "open"}))
+    if match := re.search(r"\badd (?:a )?task:?\s*(.+?)(?:[.,;]|$)", request, re.I):
+        plan.append(_spec("add-task", "Create a task.", "tasks.create", {"title": match.group(1).strip()[:200]}))
+    deps = [search] if search else []
+    if emails and re.search(r"\b(e-?mail|mail|send)\b", text):
+        subject = "Overdue tasks" if "overdue" in text else "A note from your assistant"
+        plan.append(_spec("send-email", f"Email {', '.join(emails)}.", "email.send",
+                          {"to": emails[:5], "subject": subject, "body": PRIOR_PLACEHOLDER if deps else request[:2000]},
+                          depends_on=deps))
+    if re.search(r"\b(meeting|book|schedule|calendar|appointment)\b", text):
+        title = "Review meeting" if "review" in text else "Meeting"
+        arguments = {"title": title, "start": _when(text).isoformat(), "duration_minutes": 30}
+        if emails:
+            arguments["invitees"] = emails[:5]
+        plan.append(_spec("book-meeting", f"Book '{title}'.", "calendar.create_event", arguments, depends_on=deps))
+    if match := re.search(r"\bremember(?: that)?\s+(.+)", request, re.I):
+        if not re.search(r"what do you remember", text):
+            plan.append(_spec("save-memory", "Save a memory.", "memory.save", {"text": match.group(1).strip()[:1000]}))
+    if match := re.search(r"what do you (?:remember|know) about\s+(.+?)[?.!]*$", request, re.I):
+        plan.append(_spec("recall", "Search my memories.", "memory.search", {"query": match.group(1).strip()[:200]}))
+    if re.search(r"\b(list|show) (?:my )?files\b", text):
+        plan.append(_spec("list-files", "List my files.", "files.list", {}))
+    return plan
+
+
+def _spec(agent_id: str, mission: str, skill: str, arguments: dict, depends_on: list[str] | None = None) -> dict:
+    spec = {"agent_id": agent_id, "mission": mission, "skills": [skill],
+            "context": PLAN_MARKER + json.dumps({"skill": skill, "arguments": arguments})}
+    if depends_on:
+        spec["depends_on"] = depends_on
+    return spec
+
+
+def _when(text: str) -> datetime:
+    day = timezone.localdate() + timedelta(days=1 if "tomorrow" in text else 0)
+    hour, minute = 9, 0
+    if match := TIME_RE.search(text):
+        if match.group(1):
+            hour, minute = int(match.group(1)) % 12, int(match.group(2) or 0)
+            if match.group(3).lower() == "pm":
+                hour += 12
+        else:
+            hour, minute = int(match.group(4)), int(match.group(5))
+    return timezone.make_aware(datetime.combine(day, time(hour % 24, minute % 60)))
+
+
+# --- agent side ----------------------------------------------------------------------------
+
+
+def _agent_reply(messages: list[dict]) -> LLMResponse:
+    task = messages[1]["content"] if len(messages) > 1 else ""
+    results = [m for m in messages if m["role"] == "tool"]
+    if results:
+        return LLMResponse(_report(results))
+    planned = [line[len(PLAN_MARKER):] for line in task.splitlines() if line.startswith(PLAN_MARKER)]
+    if not planned:
+        return LLMResponse("Offline agent: no planned call in my context, so nothing was done.")
+    prior = task.split("Results from prior agents:\n", 1)[1] if "Results from prior agents:\n" in task else ""
+    calls = []
+    for index, raw in enumerate(planned):
+        call = json.loads(raw.replace(json.dumps(PRIOR_PLACEHOLDER), json.dumps(prior or "(no prior results)")))
+        calls.append(ToolCall(id=f"offline_skill_{index}", name="use_skill", arguments=json.dumps(call)))
+    return LLMResponse("", calls)
+
+
+def _report(results: list[dict]) -> str:
+    parts = []
+    for message in results:
+        try:
+            data = json.loads(message["content"])
+        except json.JSONDecodeError:
+            data = {"ok": False, "error": message["content"]}
+        if data.get("ok"):
+            parts.append(_humanize(data.get("result")))
+        else:
+            parts.append(f"Failed: {data.get('error', 'unknown error')}")
+    return "\n".join(parts)
+
+
+def _humanize(result) -> str:
+    if isinstance(result, dict):
+        for key in ("tasks", "events", "emails", "memories", "files"):
+            items = result.get(key)
+            if isinstance(items, list):
+                if not items:
+                    return f"No {key} found."
+                rows = [_one_line(item) for item in items[:20]]
+                return f"{len(items)} {key}:\n" + "\n".join(f"  - {row}" for row in rows)
+    return json.dumps(result, default=str)[:1500]
+
+
+def _one_line(item) -> str:
+    if not isinstance(item, dict):
+        return str(item)
+    label = item.get("title") or item.get("subject") or item.get("text") or item.get("name") or item.get("path") or ""
+    extras = [f"{k}: {item[k]}" for k in ("due", "start", "to", "status") if item.get(k)]
+    return f"{label} ({'; '.join(str(e) for e in extras)})" if extras else str(label)

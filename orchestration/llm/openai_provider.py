@@ -1,0 +1,72 @@
+"""The only module that imports the openai SDK (STYLE.md habit 2).
+
+Chat Completions with function tools, so any OpenAI-compatible server works. The SDK
+retries 429 (honouring Retry-After), 5xx, connection errors and timeouts itself, with
+backoff, up to ASSISTANT_LLM_MAX_RETRIES; what is still failing after that is an
+LLMError the engine can classify.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import openai
+from django.conf import settings
+
+from orchestration.llm.base import LLMError, LLMResponse, ToolCall, Usage
+
+
+@functools.cache
+def _client() -> openai.OpenAI:
+    # Built lazily in the process that uses it: worker processes must not share the
+    # connection pool of the parent they were forked from.
+    return openai.OpenAI(
+        timeout=settings.ASSISTANT_LLM_TIMEOUT_SECONDS,
+        max_retries=settings.ASSISTANT_LLM_MAX_RETRIES,
+    )
+
+
+class OpenAIProvider:
+    name = "openai"
+
+    def complete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse:
+        try:
+            completion = _client().chat.completions.create(
+                model=model, messages=messages, tools=tools or openai.NOT_GIVEN
+            )
+        except (openai.APITimeoutError, openai.APIConnectionError) as exc:
+            raise LLMError(f"LLM endpoint unreachable: {exc}", transient=True) from exc
+        except openai.RateLimitError as exc:
+            raise LLMError(f"LLM rate limit: {exc}", transient=True) from exc
+        except openai.APIStatusError as exc:
+            transient = exc.status_code >= 500 or exc.status_code in (408, 409)
+            raise LLMError(f"LLM error {exc.status_code}: {exc.message}", transient=transient) from exc
+        except openai.OpenAIError as exc:  # e.g. a body that is not a completion
+            raise LLMError(f"LLM response unusable: {exc}", transient=True) from exc
+        return _to_response(completion)
+
+
+def _to_response(completion) -> LLMResponse:
+    usage = completion.usage
+    details = getattr(usage, "prompt_tokens_details", None) if usage else None
+    stored_usage = Usage(
+        prompt_tokens=(usage.prompt_tokens or 0) if usage else 0,
+        completion_tokens=(usage.completion_tokens or 0) if usage else 0,
+        cached_tokens=(getattr(details, "cached_tokens", 0) or 0) if details else 0,
+    )
+    if not completion.choices:
+        return LLMResponse(content="", finish_reason="empty", usage=stored_usage, model=completion.model or "")
+    choice = completion.choices[0]
+    message = choice.message
+    calls = [
+        ToolCall(id=call.id or f"call_{index}", name=call.function.name or "", arguments=call.function.arguments or "")
+        for index, call in enumerate(message.tool_calls or [])
+        if getattr(call, "function", None) is not None
+    ]
+    return LLMResponse(
+        content=message.content or "",
+        tool_calls=calls,
+        finish_reason=choice.finish_reason or "stop",
+        usage=stored_usage,
+        model=completion.model or "",
+    )

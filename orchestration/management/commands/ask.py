@@ -1,0 +1,91 @@
+"""Run one turn from the terminal and print the answer (DESIGN.md §8)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+from django_q.conf import Conf
+
+from orchestration.audit import turn_audit
+from orchestration.models import Conversation, Event, Turn, TurnStatus
+from orchestration.pauses import AlreadyAnswered, turn_continue
+from orchestration.turns import TurnRefused, turn_start
+
+FINAL = {TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED}
+
+
+class Command(BaseCommand):
+    help = "Ask the assistant one thing as USER and print its answer."
+
+    def add_arguments(self, parser):
+        parser.add_argument("message", nargs="?", default="")
+        parser.add_argument("--user", required=True, help="Username of the conversation's owner.")
+        parser.add_argument("--conversation", type=int, help="Continue this conversation (default: a new one).")
+        parser.add_argument("--continue", dest="resume", action="store_true",
+                            help="Answer 'continue' to the paused turn of --conversation.")
+        parser.add_argument("--sync", action="store_true", help="Run the tasks inline instead of on workers.")
+        parser.add_argument("--json", action="store_true", help="Print the turn's audit tree as JSON.")
+        parser.add_argument("--timeout", type=float, default=600, help="Seconds to wait for the workers.")
+
+    def handle(self, *args, message, user, conversation, resume, sync, json, timeout, **options):
+        owner = get_user_model().objects.filter(username=user).first()
+        if owner is None:
+            raise CommandError(f"No user named {user!r}.")
+        if sync:
+            Conf.SYNC = True
+        try:
+            turn = self._start(owner, message, conversation, resume)
+        except (TurnRefused, AlreadyAnswered) as exc:
+            raise CommandError(str(exc)) from None
+        turn = self._wait(turn, timeout=timeout, quiet=json)
+        if json:
+            self.stdout.write(_dumps(turn_audit(turn)))
+            return
+        answer = turn.messages.filter(role="assistant", tool_calls=[]).exclude(content="").order_by("-seq").first()
+        self.stdout.write(answer.content if answer else f"(no answer; the turn is {turn.status})")
+        self.stdout.write(self.style.NOTICE(f"\nconversation {turn.conversation_id}, turn {turn.number}: {turn.status}"))
+        if turn.status == TurnStatus.PAUSED:
+            self.stdout.write(f"Resume with: manage.py ask --user {user} --conversation {turn.conversation_id} --continue")
+        if turn.status == TurnStatus.FAILED:
+            raise CommandError(turn.error)
+
+    def _start(self, owner, message, conversation_id, resume) -> Turn:
+        if conversation_id:
+            conversation = Conversation.objects.filter(pk=conversation_id, owner=owner).first()
+            if conversation is None:
+                raise CommandError(f"{owner} has no conversation {conversation_id}.")
+        elif resume:
+            raise CommandError("--continue needs --conversation.")
+        else:
+            conversation = Conversation.objects.create(owner=owner)
+        if resume:
+            turn = conversation.turns.order_by("-number").first()
+            if turn is None:
+                raise CommandError("This conversation has no turn to continue.")
+            return turn_continue(turn=turn, user=owner)
+        if not message:
+            raise CommandError("Say something: manage.py ask --user NAME \"message\".")
+        return turn_start(conversation=conversation, text=message)
+
+    def _wait(self, turn: Turn, *, timeout: float, quiet: bool) -> Turn:
+        """Follow the turn's events until it ends (or pauses), printing them as progress."""
+        last_id = 0
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in Event.objects.filter(turn=turn, id__gt=last_id).order_by("id"):
+                last_id = event.pk
+                if not quiet:
+                    self.stderr.write(f"  {event.created_at:%H:%M:%S.%f}"[:-3] + f" {event.type:<34} {event.summary}")
+            turn.refresh_from_db()
+            if turn.status in FINAL:
+                return turn
+            if time.monotonic() > deadline:
+                raise CommandError(f"Gave up waiting after {timeout:.0f}s; is a worker (qcluster) running?")
+            time.sleep(0.2)
+
+
+def _dumps(data) -> str:
+    return json.dumps(data, indent=2, default=str)

@@ -1,0 +1,346 @@
+"""The orchestrator step (DESIGN.md §3–4).
+
+One step claims the turn, then loops: answer pending tool calls, or ask the model. Each
+pass ends in one of three ways — the turn is answered, it waits for agents (the lease
+is released, no worker is held; the agent finishing last wakes it), or it goes round
+again. The loop is bounded by the turn's LLM-iteration limit and by MAX_PASSES.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from orchestration import dispatches as lifecycle
+from orchestration.delegation import (
+    contract_for,
+    dispatch_result_json,
+    model_for,
+    plan_batch,
+    profiles_by_name,
+    reserve_agents,
+)
+from orchestration.events import event_record
+from orchestration.history import llm_messages, message_append, pending_tool_calls
+from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
+from orchestration.limits import Limits, LimitTripped
+from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
+from orchestration.llm.base import tool_call_message
+from orchestration.models import AgentDispatch, LLMCall, Message, Turn, TurnStatus
+from orchestration.pauses import turn_pause
+from orchestration.prompts import orchestrator_system_prompt
+from orchestration.toolcalls import error_json, parse_arguments
+from orchestration.tooldefs import (
+    DISPATCH_AGENT,
+    GET_AGENT_RESULTS,
+    GET_SKILL,
+    ORCHESTRATOR_TOOL_NAMES,
+    get_agent_results_parameters,
+    get_skill_parameters,
+    orchestrator_tools,
+)
+from orchestration.turns import turn_complete, turn_fail
+from skills.registry import get_skill_tool_result
+
+logger = logging.getLogger(__name__)
+
+MAX_PASSES = 100
+WAIT = "wait"
+AGAIN = "again"
+
+
+def orchestrator_step(*, turn_id: int) -> None:
+    token = _claim(turn_id)
+    if token is None:
+        return  # another worker has it, or the turn is not running
+    try:
+        _run(turn_id, token)
+    except LeaseLost:
+        logger.info("Turn %s: lease lost; another worker continues", turn_id)
+    except LimitTripped as trip:
+        turn_pause(turn_id=turn_id, trip=trip, token=token)
+    except LLMError as exc:
+        turn_fail(turn_id=turn_id, error=f"The model could not be reached: {exc}", token=token)
+    except Exception as exc:  # a bug or a broken dependency: never an endless retry
+        logger.exception("Turn %s: orchestrator step failed", turn_id)
+        _retry_or_fail(turn_id, token, exc)
+
+
+def _claim(turn_id: int) -> str | None:
+    token = new_token()
+    now = timezone.now()
+    claimed = (
+        Turn.objects.filter(pk=turn_id, status=TurnStatus.RUNNING)
+        .exclude(lease_expires_at__gt=now)
+        .update(lease_token=token, lease_expires_at=lease_until(), step_attempts=F("step_attempts") + 1)
+    )
+    return token if claimed else None
+
+
+def _retry_or_fail(turn_id: int, token: str, exc: Exception) -> None:
+    turn = Turn.objects.get(pk=turn_id)
+    if turn.step_attempts >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:
+        turn_fail(
+            turn_id=turn_id,
+            token=token,
+            error=f"The orchestrator step failed {turn.step_attempts} times; giving up "
+            f"(dead-lettered). Last error: {exc}",
+        )
+        return
+    with transaction.atomic():
+        if Turn.objects.filter(pk=turn_id, lease_token=token).update(lease_token="", lease_expires_at=None):
+            from orchestration.tasks import enqueue_orchestrator_step
+
+            enqueue_orchestrator_step(turn_id)
+
+
+def _run(turn_id: int, token: str) -> None:
+    provider = get_provider()
+    for _ in range(MAX_PASSES):
+        turn = Turn.objects.select_related("conversation__owner").get(pk=turn_id)
+        if turn.status != TurnStatus.RUNNING or turn.lease_token != token:
+            return
+        assistant, pending = pending_tool_calls(turn)
+        if pending:
+            if _answer_tool_calls(turn, token, pending) == WAIT:
+                return
+            continue
+        if assistant is not None and assistant.seq == _last_seq(turn) and assistant.content:
+            turn_complete(turn_id=turn_id, token=token, answer=assistant)
+            return
+        limits = Limits.from_json(turn.limits)
+        if turn.llm_iterations >= limits.turn_max_llm_iterations:
+            raise LimitTripped(
+                "turn_max_llm_iterations",
+                f"The orchestrator used its {limits.turn_max_llm_iterations} LLM iterations "
+                "for this turn without a final answer.",
+                detail={"limit": limits.turn_max_llm_iterations, "used": turn.llm_iterations},
+            )
+        _ask_model(turn, token, provider)
+    raise RuntimeError(f"turn {turn_id}: no progress after {MAX_PASSES} passes")
+
+
+def _last_seq(turn: Turn) -> int:
+    return turn.messages.order_by("-seq").values_list("seq", flat=True).first() or 0
+
+
+def _ask_model(turn: Turn, token: str, provider) -> None:
+    profiles = profiles_by_name()
+    limits = Limits.from_json(turn.limits)
+    prompt = orchestrator_system_prompt(
+        profiles=[{"name": p.name, "description": p.description} for p in profiles.values()]
+    )
+    tools = orchestrator_tools(
+        profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap
+    )
+    model = settings.ASSISTANT_ORCHESTRATOR_MODEL
+    started = time.monotonic()
+    response = provider.complete(model=model, messages=llm_messages(turn=turn, system_prompt=prompt), tools=tools)
+    duration_ms = int((time.monotonic() - started) * 1000)
+    calls = _unique_ids(turn, response.tool_calls)
+    with transaction.atomic():
+        heartbeat(Turn, turn.pk, token)
+        iteration = turn.llm_iterations + 1
+        LLMCall.objects.create(
+            turn=turn, key=f"orchestrator:{iteration}", model=response.model or model,
+            response=response.to_json(), duration_ms=duration_ms, **_usage(response),
+        )
+        Turn.objects.filter(pk=turn.pk).update(
+            llm_iterations=F("llm_iterations") + 1,
+            **{k: F(k) + v for k, v in _usage(response).items()},
+        )
+        message_append(
+            turn=turn, role=Message.Role.ASSISTANT, content=response.content,
+            tool_calls=[tool_call_message(call) for call in calls],
+        )
+        problem = _response_problem(response, calls)
+        if problem:
+            message_append(turn=turn, role=Message.Role.NOTE, content=problem)
+        event_record(
+            type="orchestrator.llm_call",
+            turn=turn,
+            summary=_llm_summary(iteration, response, calls),
+            payload={
+                "iteration": iteration, "model": response.model or model, "duration_ms": duration_ms,
+                "finish_reason": response.finish_reason, "usage": _usage(response),
+                "tool_calls": [{"name": c.name, "arguments": c.arguments[:2000]} for c in calls],
+                "content": response.content[:2000],
+            },
+        )
+
+
+def _response_problem(response: LLMResponse, calls: list[ToolCall]) -> str:
+    """A note back to the model when its reply cannot be used as it is."""
+    if calls:
+        return ""
+    if response.finish_reason == "length":
+        return "Your reply was cut off (finish_reason=length). Reply again, more briefly."
+    if not response.content.strip():
+        return "Your reply was empty. Call a tool or answer the user."
+    return ""
+
+
+def _unique_ids(turn: Turn, calls: list[ToolCall]) -> list[ToolCall]:
+    """Tool-call ids must be unique in the turn; some servers reuse 'call_1'."""
+    used = set(turn.messages.exclude(tool_call_id="").values_list("tool_call_id", flat=True))
+    for message in turn.messages.exclude(tool_calls=[]):
+        used.update(call["id"] for call in message.tool_calls)
+    unique = []
+    for index, call in enumerate(calls):
+        call_id = call.id or f"call_{index}"
+        while call_id in used:
+            call_id = f"{call_id}~{turn.llm_iterations + 1}"
+        used.add(call_id)
+        unique.append(ToolCall(id=call_id, name=call.name, arguments=call.arguments))
+    return unique
+
+
+def _usage(response: LLMResponse) -> dict:
+    return {
+        "prompt_tokens": response.usage.prompt_tokens,
+        "completion_tokens": response.usage.completion_tokens,
+        "cached_tokens": response.usage.cached_tokens,
+    }
+
+
+def _llm_summary(iteration: int, response: LLMResponse, calls: list[ToolCall]) -> str:
+    if calls:
+        names = ", ".join(call.name for call in calls)
+        return f"Orchestrator call {iteration}: {names}"
+    return f"Orchestrator call {iteration}: answer ({response.finish_reason})"
+
+
+# --- tool calls -------------------------------------------------------------------------
+
+
+def _answer_tool_calls(turn: Turn, token: str, pending: list[dict]) -> str:
+    calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"]) for c in pending]
+    dispatch_calls = [call for call in calls if call.name == DISPATCH_AGENT]
+    if dispatch_calls:
+        _dispatch_batch(turn, token, dispatch_calls)
+    for call in calls:
+        if call.name == DISPATCH_AGENT:
+            continue
+        if call.name == GET_AGENT_RESULTS:
+            if _agent_results(turn, token, call) == WAIT:
+                return WAIT
+            continue
+        if call.name == GET_SKILL:
+            content = _get_skill(call)
+        else:
+            content = error_json(
+                f"unknown tool {call.name!r}; the tools are {', '.join(ORCHESTRATOR_TOOL_NAMES)}."
+            )
+        with transaction.atomic():
+            heartbeat(Turn, turn.pk, token)
+            message_append(turn=turn, role=Message.Role.TOOL, content=content, tool_call_id=call.id)
+    return AGAIN
+
+
+def _get_skill(call: ToolCall) -> str:
+    arguments, error = parse_arguments(call.arguments, get_skill_parameters())
+    if error:
+        return error_json(error)
+    return json.dumps(get_skill_tool_result(arguments.get("domain")))
+
+
+def _dispatch_batch(turn: Turn, token: str, calls: list[ToolCall]) -> None:
+    task_prompt = turn.messages.filter(role=Message.Role.USER).values_list("content", flat=True).first() or ""
+    with transaction.atomic():
+        turn = lifecycle.lock_turn(turn.pk)
+        heartbeat(Turn, turn.pk, token)
+        planned = plan_batch(turn=turn, calls=calls)
+        reserve_agents(turn=turn, count=sum(1 for item in planned if not item.error))
+        limits = Limits.from_json(turn.limits)
+        for item in planned:
+            if item.error:
+                content = error_json(item.error, agent_id=item.spec.get("agent_id"))
+            else:
+                _create_dispatch(turn, item, limits, task_prompt)
+                content = dispatch_result_json(item.spec["agent_id"])
+            message_append(turn=turn, role=Message.Role.TOOL, content=content, tool_call_id=item.call.id)
+        lifecycle.dispatch_start_ready(turn)
+
+
+def _create_dispatch(turn: Turn, item, limits: Limits, task_prompt: str, parent: AgentDispatch | None = None) -> AgentDispatch:
+    spec, profile = item.spec, item.profile
+    depth = (parent.depth + 1) if parent else 1
+    requested = spec.get("max_tool_calls") or (profile.max_tool_calls if profile else None)
+    dispatch = AgentDispatch.objects.create(
+        turn=turn,
+        agent_id=spec["agent_id"],
+        parent=parent,
+        depth=depth,
+        profile=profile,
+        profile_name=profile.name if profile else "",
+        profile_version=profile.version if profile else None,
+        model=model_for(profile),
+        mission=spec["mission"],
+        skills=sorted(spec["skills"]),
+        context=spec.get("context", ""),
+        depends_on=spec.get("depends_on", []),
+        max_tool_calls=limits.agent_tool_budget(requested),
+        contract=contract_for(turn=turn, spec=spec, profile=profile, depth=depth, task_prompt=task_prompt),
+        tool_call_id=item.call.id,
+    )
+    waits = f", after {', '.join(dispatch.depends_on)}" if dispatch.depends_on else ""
+    event_record(
+        type="agent.subagent_created",
+        dispatch=dispatch,
+        summary=f"{dispatch.agent_id} created: {dispatch.mission[:120]}{waits}",
+        payload={
+            "sub_agent_id": dispatch.agent_id, "mission": dispatch.mission, "skills": dispatch.skills,
+            "depends_on": dispatch.depends_on, "max_tool_calls": dispatch.max_tool_calls,
+            "profile": dispatch.profile_name, "parent": parent.agent_id if parent else None,
+            "contract": dispatch.contract,
+        },
+    )
+    return dispatch
+
+
+def _agent_results(turn: Turn, token: str, call: ToolCall) -> str:
+    arguments, error = parse_arguments(call.arguments, get_agent_results_parameters())
+    if error:
+        with transaction.atomic():
+            heartbeat(Turn, turn.pk, token)
+            message_append(turn=turn, role=Message.Role.TOOL, content=error_json(error), tool_call_id=call.id)
+        return AGAIN
+    with transaction.atomic():
+        turn = lifecycle.lock_turn(turn.pk)
+        heartbeat(Turn, turn.pk, token)
+        top_level = turn.dispatches.filter(parent__isnull=True)
+        names = arguments.get("agent_ids") or list(top_level.values_list("agent_id", flat=True))
+        found = {d.agent_id: d for d in turn.dispatches.filter(agent_id__in=names)}
+        if any(not lifecycle.is_terminal(d) for d in found.values()):
+            Turn.objects.filter(pk=turn.pk, lease_token=token).update(
+                status=TurnStatus.WAITING, awaiting={"tool_call_id": call.id, "agent_ids": sorted(found)},
+                lease_token="", lease_expires_at=None, step_attempts=0,
+            )
+            return WAIT
+        agents = []
+        for name in names:
+            dispatch = found.get(name)
+            if dispatch is None:
+                agents.append({"agent_id": name, "status": "not_found"})
+                continue
+            agents.append(
+                {
+                    "agent_id": name,
+                    "status": lifecycle.result_status(dispatch),
+                    "result": dispatch.result,
+                    "tool_calls_used": dispatch.tool_calls_used,
+                    "duration_ms": dispatch.duration_ms,
+                }
+            )
+            lifecycle.dispatch_merge(dispatch)
+        message_append(
+            turn=turn, role=Message.Role.TOOL, content=json.dumps({"agents": agents}), tool_call_id=call.id
+        )
+        Turn.objects.filter(pk=turn.pk).update(awaiting={})
+    return AGAIN

@@ -1,0 +1,66 @@
+"""System prompts. The static part comes first and never changes between calls, so an
+endpoint with prompt caching can reuse it; what varies (profiles, the date) comes last."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+ORCHESTRATOR_STATIC = """\
+You are the orchestrator of a personal assistant. You never use skills yourself: you
+plan, delegate focused missions to sub-agents, collect their results and answer the user.
+
+How to work:
+1. Call get_skill (without a domain) to see the skill domains, then get_skill with a
+   domain to see its skills and their parameters, when you need them.
+2. Call dispatch_agent once per focused mission. Give each agent only the skills it
+   needs, a short mission, and any context it cannot find itself. Independent missions
+   run in parallel: dispatch them in the same response. When a mission needs another's
+   result, list that agent in depends_on; it will start when its dependencies complete
+   and will see their results.
+3. Call get_agent_results to wait for the agents and read what they did.
+4. Answer the user in plain language (markdown allowed): what was done, what failed and
+   why. Do not invent results no agent reported.
+
+Simple questions that need no skill can be answered directly.
+Tool results are JSON. An "error" field means the call was refused: read it, fix the
+call, and try again, or explain the problem to the user."""
+
+AGENT_STATIC = """\
+You are a sub-agent of a personal assistant, working on one focused mission.
+Use the use_skill tool to act; you may only use the skills listed in its description.
+Keep tool calls few: you have a small budget. When the mission is done (or cannot be
+done), reply with a short plain-text report of what you did and found, including ids of
+records you created. Tool results are JSON; an "ok": false result explains what to fix."""
+
+
+def orchestrator_system_prompt(*, profiles: list[dict]) -> str:
+    parts = [ORCHESTRATOR_STATIC]
+    if profiles:
+        lines = "\n".join(f"- {p['name']}: {p['description']}" for p in profiles)
+        parts.append(
+            "Agent profiles (pass one as dispatch_agent's `profile` to give an agent that "
+            f"role's instructions and skill limits):\n{lines}"
+        )
+    parts.append(f"Today is {timezone.localdate().isoformat()} ({timezone.get_current_timezone_name()}).")
+    return "\n\n".join(parts)
+
+
+def agent_system_prompt(*, profile_prompt: str = "") -> str:
+    parts = [AGENT_STATIC]
+    if profile_prompt:
+        parts.append(f"Your role:\n{profile_prompt}")
+    parts.append(f"Today is {timezone.localdate().isoformat()} ({timezone.get_current_timezone_name()}).")
+    return "\n\n".join(parts)
+
+
+def agent_task_message(*, mission: str, context: str, prior_results: list[dict]) -> str:
+    """The sub-agent's first user message: its mission, context and dependencies' output."""
+    parts = [f"Mission:\n{mission}"]
+    if context:
+        parts.append(f"Context:\n{context}")
+    if prior_results:
+        lines = "\n\n".join(
+            f"[{item['agent_id']}] ({item['status']})\n{item['result']}" for item in prior_results
+        )
+        parts.append(f"Results from prior agents:\n{lines}")
+    return "\n\n".join(parts)

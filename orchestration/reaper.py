@@ -1,0 +1,65 @@
+"""The periodic reaper (a django-q2 schedule): recovers work whose worker died.
+
+A running dispatch or orchestrator step whose lease expired is handed out again, up to
+ASSISTANT_MAX_STEP_ATTEMPTS deliveries; past that it is dead-lettered with an error the
+user sees. A waiting turn whose agents are all done is woken, in case its wake-up was
+lost with a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from orchestration import dispatches as lifecycle
+from orchestration.events import event_record
+from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
+from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagent
+from orchestration.turns import turn_fail
+
+logger = logging.getLogger(__name__)
+
+
+def reap_expired() -> dict:
+    now = timezone.now()
+    counts = {"dispatches_requeued": 0, "dispatches_dead": 0, "turns_requeued": 0, "turns_dead": 0, "turns_woken": 0}
+    for dispatch in AgentDispatch.objects.filter(state=DispatchState.RUNNING, lease_expires_at__lt=now):
+        counts["dispatches_dead" if _reap_dispatch(dispatch) else "dispatches_requeued"] += 1
+    for turn in Turn.objects.filter(status=TurnStatus.RUNNING, lease_expires_at__lt=now):
+        if turn.step_attempts >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:
+            turn_fail(turn_id=turn.pk, token=turn.lease_token,
+                      error=f"The orchestrator's worker stopped {turn.step_attempts} times; giving up (dead-lettered).")
+            counts["turns_dead"] += 1
+        elif Turn.objects.filter(pk=turn.pk, lease_token=turn.lease_token).update(lease_token="", lease_expires_at=None):
+            enqueue_orchestrator_step(turn.pk)
+            counts["turns_requeued"] += 1
+    for turn in Turn.objects.filter(status=TurnStatus.WAITING):
+        with transaction.atomic():
+            counts["turns_woken"] += lifecycle.orchestrator_wake_if_ready(lifecycle.lock_turn(turn.pk))
+    if any(counts.values()):
+        logger.warning("Reaper: %s", counts)
+    return counts
+
+
+@transaction.atomic
+def _reap_dispatch(dispatch: AgentDispatch) -> bool:
+    """Re-queue, or dead-letter past the attempt limit. True when dead-lettered."""
+    if dispatch.attempts >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:
+        error = f"The worker stopped {dispatch.attempts} times; giving up (dead-lettered)."
+        now = timezone.now()
+        if AgentDispatch.objects.filter(pk=dispatch.pk, state=DispatchState.RUNNING, lease_token=dispatch.lease_token).update(
+            state=DispatchState.FAILED, outcome=DispatchOutcome.FAILED, error=error, result=error,
+            finished_at=now, lease_token="", lease_expires_at=None,
+        ):
+            event_record(type="agent.subagent_failed", dispatch=dispatch, summary=f"{dispatch.agent_id} failed: dead-lettered",
+                         payload={"sub_agent_id": dispatch.agent_id, "outcome": "failed", "error": error})
+            lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch_id=dispatch.pk)
+        return True
+    if AgentDispatch.objects.filter(pk=dispatch.pk, state=DispatchState.RUNNING, lease_token=dispatch.lease_token).update(
+        state=DispatchState.CREATED, lease_token="", lease_expires_at=None
+    ):
+        enqueue_subagent(dispatch.pk)
+    return False

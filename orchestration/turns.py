@@ -1,0 +1,115 @@
+"""Turn services: start, complete, fail, stop (services write; views and commands call)."""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from orchestration import dispatches as lifecycle
+from orchestration.events import event_record
+from orchestration.history import message_append
+from orchestration.limits import Limits
+from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Message, Turn, TurnPause, TurnStatus
+from orchestration.tasks import enqueue_orchestrator_step
+
+MAX_MESSAGE_CHARS = 8000
+
+
+class TurnRefused(Exception):
+    """The request cannot start or change a turn; the message says why, for the user."""
+
+
+def turn_start(*, conversation: Conversation, text: str) -> Turn:
+    """Store the user's message and start a turn. One active turn per conversation:
+    a message sent while a turn runs is refused (not queued), so the user decides."""
+    text = (text or "").strip()
+    if not text:
+        raise TurnRefused("The message is empty.")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise TurnRefused(f"The message is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}.")
+    try:
+        with transaction.atomic():
+            conversation = Conversation.objects.select_for_update().get(pk=conversation.pk)
+            if conversation.turns.filter(status__in=ACTIVE_TURN_STATUSES).exists():
+                raise TurnRefused(_BUSY)
+            number = (conversation.turns.aggregate(n=Max("number"))["n"] or 0) + 1
+            turn = Turn.objects.create(
+                conversation=conversation, number=number, limits=Limits.from_settings().to_json()
+            )
+            message_append(turn=turn, role=Message.Role.USER, content=text)
+            if not conversation.title:
+                conversation.title = text[:60] + ("…" if len(text) > 60 else "")
+            conversation.save(update_fields=["title", "updated_at"])
+            event_record(type="turn.started", turn=turn, summary=f"Turn {number} started", payload={"message": text[:2000]})
+            enqueue_orchestrator_step(turn.pk)
+    except IntegrityError:  # the partial unique index caught a concurrent start
+        raise TurnRefused(_BUSY) from None
+    return turn
+
+
+_BUSY = "A turn is still running in this conversation. Wait for its answer, or stop it, before sending another message."
+
+
+def _finish(turn_id: int, token: str | None, *, status: str, error: str = "") -> Turn | None:
+    """Conditionally end an active turn; None if someone else ended it first."""
+    qs = Turn.objects.filter(pk=turn_id, status__in=ACTIVE_TURN_STATUSES)
+    if token is not None:
+        qs = qs.filter(lease_token=token)
+    if not qs.update(status=status, error=error, finished_at=timezone.now(), lease_token="", lease_expires_at=None, awaiting={}):
+        return None
+    return Turn.objects.select_related("conversation").get(pk=turn_id)
+
+
+@transaction.atomic
+def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
+    turn = _finish(turn_id, token, status=TurnStatus.COMPLETED)
+    if turn is None:
+        return
+    for dispatch in turn.dispatches.filter(state__in=lifecycle.TERMINAL_STATES).exclude(state="closed"):
+        lifecycle.dispatch_merge(dispatch)
+    lifecycle.dispatch_cancel_open(turn, reason="the turn was answered before this agent finished")
+    event_record(
+        type="turn.completed", turn=turn, summary=f"Turn {turn.number} answered",
+        payload={"answer_message_id": answer.pk, "llm_iterations": turn.llm_iterations,
+                 "skill_calls": turn.skill_calls, "agents": turn.agents_dispatched,
+                 "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens},
+    )
+    turn.conversation.save(update_fields=["updated_at"])
+
+
+@transaction.atomic
+def turn_fail(*, turn_id: int, error: str, token: str | None = None) -> None:
+    turn = _finish(turn_id, token, status=TurnStatus.FAILED, error=error)
+    if turn is None:
+        return
+    lifecycle.dispatch_cancel_open(turn, reason="the turn failed")
+    message_append(turn=turn, role=Message.Role.ASSISTANT, content=f"Sorry — this turn failed. {error}")
+    event_record(type="turn.failed", turn=turn, summary=f"Turn {turn.number} failed: {error[:200]}", payload={"error": error})
+
+
+@transaction.atomic
+def turn_stop(*, turn: Turn, user) -> Turn:
+    """Stop an active turn on the owner's word: cancel its agents, answer with a summary."""
+    turn = lifecycle.lock_turn(turn.pk)
+    if turn.conversation.owner_id != user.pk:
+        raise TurnRefused("Only the conversation's owner can stop this turn.")
+    if not turn.is_active:
+        raise TurnRefused(f"This turn is already {turn.status}.")
+    TurnPause.objects.filter(turn=turn, decision="").update(
+        decision=TurnPause.Decision.STOP, decided_by=user, decided_at=timezone.now()
+    )
+    _finish(turn.pk, None, status=TurnStatus.STOPPED)
+    lifecycle.dispatch_cancel_open(turn, reason="cancelled: stopped by the owner")
+    summary = stop_summary(turn)
+    message_append(turn=turn, role=Message.Role.ASSISTANT, content=summary)
+    event_record(type="turn.stopped", turn=turn, summary=f"Turn {turn.number} stopped by {user.get_username()}",
+                 payload={"stopped_by": user.get_username(), "summary": summary})
+    return turn
+
+
+def stop_summary(turn: Turn) -> str:
+    done = [d.agent_id for d in turn.dispatches.all() if lifecycle.succeeded(d)]
+    lines = ["Stopped at your request."]
+    lines.append(f"Completed: {', '.join(done)}." if done else "No agent had completed.")
+    return " ".join(lines)
