@@ -1,0 +1,265 @@
+"""execute_skill: one row per call, idempotent replay, refusals, failures, timeouts, nesting."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import pytest
+
+from orchestration.models import SkillExecution
+from skills.base import Skill, SkillError
+from skills.executor import MAX_TOOL_CONTENT_CHARS, execute_skill
+from skills.models import Task
+
+NO_PARAMS = {"type": "object", "properties": {}, "additionalProperties": False}
+TEXT_PARAM = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "maxLength": 50}},
+    "required": ["text"],
+    "additionalProperties": False,
+}
+
+
+def skill(name, handler, *, parameters=NO_PARAMS, **options):
+    return Skill(name=name, description=f"Test skill {name}.", parameters=parameters,
+                 handler=handler, **options)
+
+
+@pytest.fixture
+def runs():
+    """Every handler run, in order, so a test can tell whether a handler ran again."""
+    return []
+
+
+@pytest.fixture
+def echo(register, runs):
+    def handler(user, *, text):
+        runs.append(text)
+        Task.objects.create(owner=user, title=text)
+        return {"echo": text}
+
+    register(skill("testing.echo", handler, parameters=TEXT_PARAM))
+
+
+class TestCompletedCall:
+    def test_result_and_row(self, call, echo, dispatch):
+        outcome = call("testing.echo", {"text": "hi"}, tool_call_id="call_a")
+        assert (outcome.ok, outcome.status, outcome.data) == (True, "completed", {"echo": "hi"})
+        row = SkillExecution.objects.get(pk=outcome.execution_id)
+        assert (row.dispatch, row.tool_call_id, row.skill) == (dispatch, "call_a", "testing.echo")
+        assert (row.status, row.arguments, row.result) == ("completed", {"text": "hi"}, {"echo": "hi"})
+        assert row.finished_at is not None and row.duration_ms == outcome.duration_ms
+        assert json.loads(outcome.as_tool_content()) == {"ok": True, "result": {"echo": "hi"}}
+
+    def test_replay_returns_the_stored_result_without_running_again(self, call, echo, runs):
+        first = call("testing.echo", {"text": "hi"}, tool_call_id="call_a")
+        again = call("testing.echo", {"text": "hi"}, tool_call_id="call_a")
+        assert again.replayed and not first.replayed
+        assert (again.execution_id, again.data) == (first.execution_id, first.data)
+        assert runs == ["hi"]
+        assert Task.objects.count() == SkillExecution.objects.count() == 1
+
+    def test_another_tool_call_id_runs_again(self, call, echo, runs):
+        call("testing.echo", {"text": "one"}, tool_call_id="call_a")
+        call("testing.echo", {"text": "two"}, tool_call_id="call_b")
+        assert runs == ["one", "two"]
+
+    def test_a_running_row_left_behind_is_run_again(self, call, echo, dispatch, runs):
+        stale = SkillExecution.objects.create(
+            dispatch=dispatch, tool_call_id="call_a", skill="testing.echo", status="running"
+        )
+        outcome = call("testing.echo", {"text": "hi"}, tool_call_id="call_a")
+        assert outcome.ok and not outcome.replayed and runs == ["hi"]
+        assert outcome.execution_id == stale.pk
+        assert SkillExecution.objects.get().status == "completed"
+
+
+class TestRefusals:
+    """Refused calls never reach a handler, and are recorded as failed rows."""
+
+    def test_skill_outside_the_grant(self, call, echo, runs):
+        outcome = call("tasks.create", {"title": "x"}, granted=["testing.echo", "tasks.search"])
+        assert (outcome.ok, outcome.error_kind) == (False, "not_granted")
+        assert "granted skills: tasks.search, testing.echo" in outcome.error
+        assert not Task.objects.exists()
+        row = SkillExecution.objects.get(pk=outcome.execution_id)
+        assert (row.skill, row.status, row.result["error_kind"]) == ("tasks.create", "failed", "not_granted")
+
+    def test_unknown_skill_names_the_domain_skills(self, call):
+        outcome = call("tasks.serch", {})
+        assert outcome.error_kind == "unknown_skill"
+        assert outcome.error == (
+            "unknown skill 'tasks.serch'; tasks skills: "
+            "tasks.complete, tasks.create, tasks.search, tasks.update"
+        )
+
+    def test_unknown_skill_name_that_is_not_even_a_string(self, call):
+        outcome = call(["tasks.search"], {})
+        assert outcome.error_kind == "unknown_skill" and "valid skills: calendar." in outcome.error
+        assert SkillExecution.objects.get().skill == "['tasks.search']"
+
+    def test_invalid_arguments(self, call, echo, runs):
+        outcome = call("testing.echo", {"text": 5, "loud": True})
+        assert outcome.error_kind == "invalid_arguments" and runs == []
+        assert outcome.problems == (
+            "unexpected field 'loud' (allowed: text)",
+            "'text' must be a string",
+        )
+        content = json.loads(outcome.as_tool_content())
+        assert content == {
+            "ok": False,
+            "error": "invalid arguments for testing.echo; correct them and call again",
+            "kind": "invalid_arguments",
+            "problems": list(outcome.problems),
+        }
+
+    def test_a_refusal_replays_as_refused(self, call, echo, runs):
+        first = call("testing.echo", {}, tool_call_id="call_a")
+        again = call("testing.echo", {"text": "now valid"}, tool_call_id="call_a")
+        assert again.replayed and runs == []
+        assert (again.error_kind, again.problems) == ("invalid_arguments", first.problems)
+
+    def test_oversized_arguments_are_stored_as_a_preview(self, call, echo, settings):
+        settings.SKILLS_MAX_ARGUMENT_BYTES = 100
+        outcome = call("testing.echo", {"text": "x" * 5000})
+        assert outcome.problems == ("arguments are 5011 bytes of JSON; the limit is 100",)
+        stored = SkillExecution.objects.get().arguments
+        assert stored["oversized_bytes"] == 5011 and len(stored["preview"]) == 2000
+
+
+class TestFailures:
+    def test_skill_error_is_a_readable_failure(self, call, register):
+        def handler(user):
+            Task.objects.create(owner=user, title="half done")
+            raise SkillError("task 12 not found")
+
+        register(skill("testing.refuses", handler))
+        outcome = call("testing.refuses", {})
+        assert (outcome.status, outcome.error_kind, outcome.error) == ("failed", "failed", "task 12 not found")
+        assert not outcome.retryable
+        assert not Task.objects.exists()  # the handler's writes were rolled back
+        assert SkillExecution.objects.get().error == "task 12 not found"
+
+    def test_transient_skill_error_is_retryable(self, call, register):
+        def handler(user):
+            raise SkillError("mail server down", permanent=False)
+
+        register(skill("testing.flaky", handler))
+        outcome = call("testing.flaky", {})
+        assert outcome.retryable
+        assert json.loads(outcome.as_tool_content())["retryable"] is True
+
+    def test_unexpected_exception_is_logged_and_answered(self, call, register, caplog):
+        def handler(user):
+            raise RuntimeError("boom")
+
+        register(skill("testing.broken", handler))
+        with caplog.at_level(logging.ERROR, logger="skills.executor"):
+            outcome = call("testing.broken", {})
+        assert outcome.error == "testing.broken failed unexpectedly: RuntimeError: boom"
+        assert "Traceback" in caplog.text or caplog.records[0].exc_info
+
+    @pytest.mark.parametrize("result", [["a list"], {"when": time}])
+    def test_a_result_that_is_not_a_json_object_fails(self, call, register, result):
+        def handler(user):
+            Task.objects.create(owner=user, title="written")
+            return result
+
+        register(skill("testing.bad_result", handler))
+        outcome = call("testing.bad_result", {})
+        assert outcome.status == "failed" and "unexpectedly" in outcome.error
+        assert not Task.objects.exists()
+
+
+class TestTimeout:
+    @pytest.fixture
+    def sleeper(self, register):
+        def handler(user, *, text):
+            Task.objects.create(owner=user, title=text)
+            time.sleep(5)
+            return {"woke": True}
+
+        def stubborn(user):
+            try:
+                time.sleep(5)
+            except Exception:
+                return {"swallowed": True}
+
+        register(
+            skill("testing.sleeper", handler, parameters=TEXT_PARAM, timeout=0.1),
+            skill("testing.stubborn", stubborn, timeout=0.1),
+        )
+
+    def test_timeout_leaves_nothing_half_written(self, call, sleeper):
+        started = time.monotonic()
+        outcome = call("testing.sleeper", {"text": "half"})
+        assert time.monotonic() - started < 2
+        assert (outcome.status, outcome.error_kind, outcome.retryable) == ("timeout", "timeout", True)
+        assert outcome.error == "testing.sleeper did not finish within 0.1 s"
+        assert not Task.objects.exists()
+        row = SkillExecution.objects.get()
+        assert (row.status, row.error) == ("timeout", outcome.error)
+
+    def test_a_handler_cannot_swallow_its_timeout(self, call, sleeper):
+        assert call("testing.stubborn", {}).status == "timeout"
+
+    def test_default_timeout_comes_from_the_limits(self, register, settings):
+        settings.ASSISTANT_LIMITS = {**settings.ASSISTANT_LIMITS, "skill_timeout_seconds": 7.5}
+        assert skill("testing.x", lambda user: {}).effective_timeout == 7.5
+
+
+class TestBeforeRun:
+    def test_runs_once_with_the_row_in_place(self, call, echo, dispatch):
+        seen = []
+
+        def before_run():
+            seen.append(SkillExecution.objects.get(dispatch=dispatch).status)
+
+        call("testing.echo", {"text": "hi"}, tool_call_id="call_a", before_run=before_run)
+        call("testing.echo", {"text": "hi"}, tool_call_id="call_a", before_run=before_run)
+        assert seen == ["running"]
+
+    def test_its_exception_propagates_and_leaves_no_row(self, call, echo, runs):
+        class LimitReached(Exception):
+            pass
+
+        def before_run():
+            raise LimitReached("turn_max_skill_calls")
+
+        with pytest.raises(LimitReached):
+            call("testing.echo", {"text": "hi"}, before_run=before_run)
+        assert runs == [] and not SkillExecution.objects.exists()
+
+    def test_not_called_for_refused_calls(self, call, echo):
+        called = []
+        call("testing.echo", {}, before_run=lambda: called.append(1))
+        assert called == []
+
+
+def test_a_call_made_inside_a_handler_is_its_child(call, register, dispatch, alice):
+    def outer(user):
+        inner = execute_skill(
+            name="testing.leaf", arguments={}, user=user, tool_call_id="call_a/1",
+            scope={"dispatch": dispatch},
+        )
+        return {"inner": inner.data}
+
+    register(skill("testing.outer", outer), skill("testing.leaf", lambda user: {"leaf": True}))
+    outcome = call("testing.outer", {}, tool_call_id="call_a")
+    assert outcome.data == {"inner": {"leaf": True}}
+    parent = SkillExecution.objects.get(tool_call_id="call_a")
+    child = SkillExecution.objects.get(tool_call_id="call_a/1")
+    assert child.parent == parent and parent.parent is None
+    # Outside any handler there is no implicit parent.
+    assert SkillExecution.objects.get(pk=call("testing.leaf", {}).execution_id).parent is None
+
+
+def test_tool_content_is_bounded_and_still_json(call, register):
+    register(skill("testing.big", lambda user: {"blob": "\"" * (3 * MAX_TOOL_CONTENT_CHARS)}))
+    content = call("testing.big", {}).as_tool_content()
+    assert len(content) <= MAX_TOOL_CONTENT_CHARS
+    parsed = json.loads(content)
+    assert parsed["ok"] is True and parsed["truncated"] is True
+    assert parsed["partial"].startswith('{"ok":true,"result":{"blob":"\\"')
