@@ -9,6 +9,7 @@ LLMError the engine can classify.
 from __future__ import annotations
 
 import functools
+import os
 
 import openai
 from django.conf import settings
@@ -16,14 +17,19 @@ from django.conf import settings
 from orchestration.llm.base import LLMError, LLMResponse, ToolCall, Usage
 
 
-@functools.cache
 def _client() -> openai.OpenAI:
-    # Built lazily in the process that uses it: worker processes must not share the
-    # connection pool of the parent they were forked from.
-    return openai.OpenAI(
-        timeout=settings.ASSISTANT_LLM_TIMEOUT_SECONDS,
-        max_retries=settings.ASSISTANT_LLM_MAX_RETRIES,
+    return _client_for(
+        os.environ.get("OPENAI_BASE_URL") or None,
+        settings.ASSISTANT_LLM_TIMEOUT_SECONDS,
+        settings.ASSISTANT_LLM_MAX_RETRIES,
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _client_for(base_url: str | None, timeout: float, max_retries: int) -> openai.OpenAI:
+    # Built lazily in the process that uses it (worker processes must not share the
+    # connection pool of a parent they were forked from), then reused for its keep-alive.
+    return openai.OpenAI(base_url=base_url, timeout=timeout, max_retries=max_retries)
 
 
 class OpenAIProvider:
@@ -41,7 +47,7 @@ class OpenAIProvider:
         except openai.APIStatusError as exc:
             transient = exc.status_code >= 500 or exc.status_code in (408, 409)
             raise LLMError(f"LLM error {exc.status_code}: {exc.message}", transient=transient) from exc
-        except openai.OpenAIError as exc:  # e.g. a body that is not a completion
+        except (openai.OpenAIError, ValueError, TypeError) as exc:  # a body that is not a completion
             raise LLMError(f"LLM response unusable: {exc}", transient=True) from exc
         return _to_response(completion)
 

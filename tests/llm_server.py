@@ -1,0 +1,198 @@
+"""A scripted OpenAI-compatible Chat Completions server on 127.0.0.1, for tests.
+
+The real openai SDK talks HTTP to it. A test gives it a `respond(request) -> Reply`
+function; `Plan` builds one from a DAG of scripted agents. Responses depend only on the
+request, so replays and concurrent workers get consistent answers. An unscripted request
+fails loudly (HTTP 500 with the reason, and `errors` records it for the test to assert).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+
+@dataclass
+class Reply:
+    content: str = ""
+    tool_calls: list[tuple[str, str, str]] = field(default_factory=list)  # (id, name, raw arguments)
+    finish_reason: str = "stop"
+    status: int = 200
+    headers: dict = field(default_factory=dict)
+    body: str | None = None  # a raw body instead of a completion (for malformed answers)
+    delay: float = 0.0
+    usage: tuple[int, int, int] = (100, 20, 0)
+
+
+def text(content: str, **kw) -> Reply:
+    return Reply(content=content, **kw)
+
+
+def calls(*items: tuple[str, dict | str], prefix: str = "call") -> Reply:
+    """Tool calls from (name, arguments) pairs; a str argument is sent raw (malformed JSON)."""
+    return Reply(tool_calls=[
+        (f"{prefix}_{i}", name, args if isinstance(args, str) else json.dumps(args))
+        for i, (name, args) in enumerate(items)
+    ])
+
+
+def http_error(status: int, message: str = "scripted error", headers: dict | None = None) -> Reply:
+    return Reply(status=status, body=json.dumps({"error": {"message": message, "type": "scripted"}}), headers=headers or {})
+
+
+class ScriptedLLM:
+    def __init__(self, respond: Callable[[dict], Reply] | None = None, latency: float = 0.0):
+        self.respond = respond
+        self.latency = latency
+        self.requests: list[dict] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def start(self) -> ScriptedLLM:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handler(self):
+        scripted = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                request = json.loads(self.rfile.read(length) or b"{}")
+                with scripted._lock:
+                    scripted.requests.append(request)
+                try:
+                    if scripted.respond is None:
+                        raise AssertionError("no script set for this request")
+                    reply = scripted.respond(request)
+                except Exception as exc:  # noqa: BLE001 - reported to the test
+                    scripted.errors.append(f"{type(exc).__name__}: {exc}")
+                    reply = http_error(500, f"unscripted request: {exc}")
+                    reply.headers = {"x-should-retry": "false"}
+                time.sleep(scripted.latency + reply.delay)
+                body = reply.body if reply.body is not None else json.dumps(_completion(request, reply))
+                data = body.encode()
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in reply.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+def _completion(request: dict, reply: Reply) -> dict:
+    prompt, completion, cached = reply.usage
+    message: dict = {"role": "assistant", "content": reply.content or None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+            for cid, name, args in reply.tool_calls
+        ]
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.get("model", "scripted"),
+        "choices": [{"index": 0, "message": message,
+                     "finish_reason": "tool_calls" if reply.tool_calls and reply.finish_reason == "stop" else reply.finish_reason}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                  "prompt_tokens_details": {"cached_tokens": cached}},
+    }
+
+
+# --- plans: a DAG of scripted agents ---------------------------------------------------------
+
+
+@dataclass
+class Agent:
+    """A scripted sub-agent: its skill calls in order, then its report."""
+
+    agent_id: str
+    skills: list[str]
+    calls: list[tuple[str, dict]] = field(default_factory=list)  # (skill, arguments)
+    depends_on: list[str] = field(default_factory=list)
+    report: str = ""
+    extra: dict = field(default_factory=dict)  # more dispatch_agent arguments
+    per_call: int = 1  # skill calls per LLM response
+
+    def dispatch_arguments(self) -> dict:
+        args = {"agent_id": self.agent_id, "mission": f"mission:{self.agent_id}", "skills": self.skills, **self.extra}
+        if self.depends_on:
+            args["depends_on"] = self.depends_on
+        return args
+
+
+class Plan:
+    """Orchestrator: get_skill, dispatch every agent at once, get_agent_results, answer.
+
+    Agents: their scripted calls, `per_call` per response, then the report.
+    """
+
+    def __init__(self, agents: list[Agent], answer: str = "All done.", discover: bool = True):
+        self.agents = {agent.agent_id: agent for agent in agents}
+        self.answer = answer
+        self.discover = discover
+
+    def __call__(self, request: dict) -> Reply:
+        tool_names = {tool["function"]["name"] for tool in request.get("tools", [])}
+        if "use_skill" in tool_names:
+            return self.agent_reply(request)
+        return self.orchestrator_reply(request)
+
+    def orchestrator_reply(self, request: dict) -> Reply:
+        called = _called_tools(request["messages"])
+        steps = (["get_skill"] if self.discover else []) + ["dispatch_agent", "get_agent_results"]
+        done = [name for name in steps if name in called]
+        if len(done) < len(steps):
+            step = steps[len(done)]
+            if step == "get_skill":
+                return calls(("get_skill", {}), prefix="orch_skill")
+            if step == "dispatch_agent":
+                return calls(*[("dispatch_agent", a.dispatch_arguments()) for a in self.agents.values()], prefix="orch_dispatch")
+            return calls(("get_agent_results", {}), prefix="orch_results")
+        return text(self.answer)
+
+    def agent_reply(self, request: dict) -> Reply:
+        agent = self.agents[agent_of(request)]
+        used = sum(1 for m in request["messages"] if m["role"] == "tool")
+        if used < len(agent.calls):
+            batch = agent.calls[used : used + agent.per_call]
+            return Reply(tool_calls=[
+                (f"{agent.agent_id}_c{used + i}", "use_skill", json.dumps({"skill": s, "arguments": a}))
+                for i, (s, a) in enumerate(batch)
+            ])
+        return text(agent.report or f"{agent.agent_id} done")
+
+
+def agent_of(request: dict) -> str:
+    for message in request["messages"]:
+        if message["role"] == "user" and "mission:" in (message.get("content") or ""):
+            return message["content"].split("mission:", 1)[1].split()[0]
+    raise AssertionError("not a scripted agent request")
+
+
+def _called_tools(messages: list[dict]) -> list[str]:
+    return [c["function"]["name"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
