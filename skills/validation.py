@@ -80,13 +80,18 @@ def validate_arguments(skill: Skill, arguments: object) -> list[str]:
 def schema_problems(schema: dict, arguments: object) -> list[str]:
     """Readable problems with `arguments` against any JSON Schema (tools' too)."""
     validator = Draft202012Validator(schema, format_checker=FORMATS)
-    errors = sorted(validator.iter_errors(arguments), key=lambda e: (e.json_path, e.validator))
+    errors = sorted(validator.iter_errors(arguments), key=_reading_order)
     problems: list[str] = []
     for error in errors:
         for problem in _describe(error):
             if problem not in problems:
                 problems.append(problem)
     return problems[:MAX_PROBLEMS]
+
+
+def _reading_order(error: ValidationError) -> tuple:
+    """Field by field; at each level what is missing first, then what is extra."""
+    return (error.json_path, error.validator != "required", error.validator)
 
 
 def _describe(error: ValidationError) -> list[str]:

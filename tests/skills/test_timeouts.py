@@ -1,0 +1,107 @@
+"""deadline(): interrupts on the main thread, nests with an enclosing SIGALRM timer (as
+django-q2 workers arm one, and as pytest-timeout does around every test here), and
+measures overruns where signals cannot reach."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from skills.timeouts import SkillTimeout, deadline
+
+
+class WorkerTimeout(BaseException):
+    """Stands in for django-q2's own task timeout."""
+
+
+@pytest.fixture
+def worker_timer():
+    """`arm(seconds)`: an enclosing SIGALRM timer with its own handler, as a worker has."""
+
+    def on_alarm(signum, frame):
+        raise WorkerTimeout
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    previous_left, _interval = signal.getitimer(signal.ITIMER_REAL)
+
+    def arm(seconds: float) -> None:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    yield arm
+    signal.signal(signal.SIGALRM, previous)
+    signal.setitimer(signal.ITIMER_REAL, previous_left)
+
+
+@pytest.fixture
+def no_timer():
+    """No enclosing timer (pytest-timeout's is put back afterwards)."""
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    previous_left, _interval = signal.setitimer(signal.ITIMER_REAL, 0)
+    yield
+    signal.signal(signal.SIGALRM, previous)
+    signal.setitimer(signal.ITIMER_REAL, previous_left)
+
+
+def test_interrupts_a_block_that_runs_too_long(no_timer):
+    started = time.monotonic()
+    with pytest.raises(SkillTimeout, match=r"did not finish within 0.05 s"):
+        with deadline(0.05):
+            time.sleep(2)
+    assert time.monotonic() - started < 1
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+
+
+def test_a_quick_block_is_left_alone(no_timer):
+    with deadline(5):
+        pass
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+
+
+def test_an_enclosing_timer_is_restored_with_its_time_left(worker_timer):
+    worker_timer(5)
+    with pytest.raises(SkillTimeout), deadline(0.05):
+        time.sleep(1)
+    left, _interval = signal.getitimer(signal.ITIMER_REAL)
+    assert 4 < left < 5
+    assert signal.getsignal(signal.SIGALRM).__name__ == "on_alarm"
+
+
+def test_an_enclosing_timer_that_is_sooner_still_fires(worker_timer):
+    worker_timer(0.05)
+    started = time.monotonic()
+    with pytest.raises(WorkerTimeout):
+        with deadline(10):
+            time.sleep(2)
+    assert time.monotonic() - started < 1
+
+
+def test_an_enclosing_timer_that_expires_inside_fires_right_after(worker_timer):
+    worker_timer(0.05)
+    with pytest.raises(WorkerTimeout):
+        with deadline(10):
+            # Busy, not sleeping: the alarm lands wherever the block happens to be.
+            end = time.monotonic() + 0.2
+            while time.monotonic() < end:
+                pass
+        time.sleep(1)
+
+
+def test_off_the_main_thread_an_overrun_is_reported_afterwards():
+    caught = []
+
+    def work():
+        try:
+            with deadline(0.01):
+                time.sleep(0.05)
+        except SkillTimeout as exc:
+            caught.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert len(caught) == 1 and caught[0].seconds == 0.01
