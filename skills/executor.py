@@ -35,7 +35,7 @@ from skills.breaker import breaker_admit, breaker_record
 from skills.models import ExecutionStatus
 from skills.registry import UnknownSkill, get_skill
 from skills.timeouts import SkillTimeout, deadline
-from skills.validation import payload_size, validate_arguments
+from skills.validation import payload_size, unstorable_text, validate_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class _Call:
     def _open(self) -> models.Model | None:
         """The running row, or None if a concurrent call with the same key got there first."""
         fields = {
-            "skill": str(self.name)[:_SKILL_NAME_CHARS],
+            "skill": _printable(str(self.name))[:_SKILL_NAME_CHARS],
             "arguments": _storable(self.arguments),
             "parent": self.parent,
             "status": ExecutionStatus.RUNNING,
@@ -307,11 +307,16 @@ def _from_row(row, *, replayed: bool) -> SkillOutcome:
 def _storable(arguments: object) -> object:
     """The arguments as the audit row keeps them: as sent, unless too big or not JSON."""
     size = payload_size(arguments)
-    if size is None:
-        return {"unserialisable": repr(arguments)[:_STORED_PREVIEW_CHARS]}
+    if size is None or unstorable_text(arguments):
+        return {"unstorable": ascii(arguments)[:_STORED_PREVIEW_CHARS]}
     if size > settings.SKILLS_MAX_ARGUMENT_BYTES:
         return {"oversized_bytes": size, "preview": _compact(arguments)[:_STORED_PREVIEW_CHARS]}
     return arguments
+
+
+def _printable(text: str) -> str:
+    """`text` with what a database column cannot hold (NUL, lone surrogates) escaped."""
+    return text.encode(errors="backslashreplace").decode().replace("\x00", "\\x00")
 
 
 def _compact(value: object) -> str:

@@ -63,7 +63,28 @@ def payload_size(arguments: object) -> int | None:
         text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError):
         return None
-    return len(text.encode())
+    return len(text.encode(errors="surrogatepass"))
+
+
+def unstorable_text(value: object) -> str | None:
+    """Why some string in `value` cannot be stored, or None.
+
+    JSON may carry NUL characters and unpaired surrogates ("\\u0000", "\\ud800");
+    PostgreSQL refuses both in text and jsonb, so they must stop here, not in an INSERT.
+    """
+    if isinstance(value, str):
+        if "\x00" in value:
+            return "text must not contain NUL characters"
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return "text must be valid Unicode (no unpaired surrogates)"
+        return None
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, list):
+        return next(filter(None, map(unstorable_text, value)), None)
+    return None
 
 
 def validate_arguments(skill: Skill, arguments: object) -> list[str]:
@@ -74,6 +95,9 @@ def validate_arguments(skill: Skill, arguments: object) -> list[str]:
     limit = settings.SKILLS_MAX_ARGUMENT_BYTES
     if size > limit:
         return [f"arguments are {size} bytes of JSON; the limit is {limit}"]
+    text_problem = unstorable_text(arguments)
+    if text_problem:
+        return [f"arguments: {text_problem}"]
     return schema_problems(skill.parameters, arguments)
 
 

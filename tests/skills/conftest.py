@@ -59,8 +59,9 @@ def ok(call):
     return ok
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def workspace(settings, tmp_path):
+    """Workspaces live in tmp_path: no test writes under var/."""
     settings.SKILLS_WORKSPACE_ROOT = tmp_path / "workspaces"
     return settings.SKILLS_WORKSPACE_ROOT
 

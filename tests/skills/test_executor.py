@@ -121,6 +121,16 @@ class TestRefusals:
         assert again.replayed and runs == []
         assert (again.error_kind, again.problems) == ("invalid_arguments", first.problems)
 
+    @pytest.mark.parametrize("text", ["nul\x00", "surrogate\ud800"], ids=["NUL", "surrogate"])
+    def test_text_no_database_can_hold_is_refused_and_recorded_escaped(self, call, text):
+        outcome = call("tasks.create", {"title": text})
+        assert outcome.error_kind == "invalid_arguments"
+        assert SkillExecution.objects.get().arguments == {"unstorable": ascii({"title": text})}
+
+    def test_an_unknown_name_no_database_can_hold_is_recorded_escaped(self, call):
+        assert call("tasks.\x00\udc80", {}).error_kind == "unknown_skill"
+        assert SkillExecution.objects.get().skill == "tasks.\\x00\\udc80"
+
     def test_oversized_arguments_are_stored_as_a_preview(self, call, echo, settings):
         settings.SKILLS_MAX_ARGUMENT_BYTES = 100
         outcome = call("testing.echo", {"text": "x" * 5000})

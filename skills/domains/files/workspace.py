@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from contextlib import suppress
 from pathlib import Path, PurePosixPath
@@ -55,13 +56,16 @@ def read_bytes(target: Path, *, shown: str) -> bytes:
         raise SkillError(f"file {shown!r} not found") from None
     except OSError as exc:
         raise SkillError(f"cannot read {shown!r}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise SkillError(f"{shown!r} is a directory, not a file")
+        check_size(info.st_size, shown=shown)
+    except BaseException:
+        os.close(fd)
+        raise
     with os.fdopen(fd, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        check_size(size, shown=shown)
-        try:
-            return file.read()
-        except IsADirectoryError:
-            raise SkillError(f"{shown!r} is a directory, not a file") from None
+        return file.read()
 
 
 def check_size(size: int, *, shown: str) -> None:

@@ -1,0 +1,90 @@
+"""email.*: sent through Django's mail backend with a stored Message-ID; searchable."""
+
+from __future__ import annotations
+
+import pytest
+from django.core import mail
+
+from skills.models import OutboxEmail
+
+MESSAGE = {"to": ["sam@example.com", "kim@example.org"], "subject": "Lunch on Friday?",
+           "body": "Shall we try the new place?"}
+
+
+@pytest.fixture
+def sent(alice, bob):
+    def email(owner, subject, to, body="..."):
+        return OutboxEmail.objects.create(owner=owner, to=to, subject=subject, body=body,
+                                          message_id=f"<{subject}@localhost>")
+
+    return [
+        email(alice, "Quarterly report", ["finance@example.com"], "Numbers attached."),
+        email(alice, "Lunch", ["sam@example.com"], "Friday at noon?"),
+        email(bob, "Bob's report", ["finance@example.com"]),
+    ]
+
+
+class TestSend:
+    def test_sends_and_records_with_a_stable_message_id(self, ok, alice, settings):
+        settings.DEFAULT_FROM_EMAIL = "Assistant <assistant@mail.example.net>"
+        result = ok("email.send", MESSAGE)
+        (message,) = mail.outbox
+        record = OutboxEmail.objects.get(owner=alice)
+        assert message.extra_headers["Message-ID"] == record.message_id
+        assert message.message()["Message-ID"] == record.message_id
+        assert record.message_id.endswith("@mail.example.net>")
+        assert (message.to, message.subject, message.body) == (
+            MESSAGE["to"], MESSAGE["subject"], MESSAGE["body"]
+        )
+        assert message.from_email == settings.DEFAULT_FROM_EMAIL
+        assert message.reply_to == ["alice@example.com"]
+        assert result["sent"] is True and result["email"]["message_id"] == record.message_id
+
+    def test_replay_sends_once(self, call):
+        first = call("email.send", MESSAGE, tool_call_id="call_mail")
+        again = call("email.send", MESSAGE, tool_call_id="call_mail")
+        assert again.replayed and again.data == first.data
+        assert len(mail.outbox) == 1 and OutboxEmail.objects.count() == 1
+
+    def test_a_failing_mail_server_is_a_retryable_error_and_records_nothing(self, call, settings):
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", 9, 2
+        outcome = call("email.send", MESSAGE)
+        assert (outcome.ok, outcome.retryable) == (False, True)
+        assert outcome.error.startswith("the mail server failed: ")
+        assert not OutboxEmail.objects.exists()
+
+    @pytest.mark.parametrize(
+        ("change", "problem"),
+        [
+            ({"to": ["sam@example.com", "not an address"]}, "'to[1]' must be a valid email address"),
+            ({"to": [f"p{i}@example.com" for i in range(21)]}, "'to' must have at most 20 items"),
+            ({"subject": "Hi\r\nBcc: everyone@example.com"}, "'subject' has an invalid format"),
+        ],
+        ids=["bad address", "too many", "header injection"],
+    )
+    def test_bad_recipients_and_subjects(self, call, change, problem):
+        outcome = call("email.send", {**MESSAGE, **change})
+        assert any(p.startswith(problem) for p in outcome.problems), outcome.problems
+        assert mail.outbox == []
+
+
+class TestSearchSent:
+    def test_by_text_in_subject_or_body(self, ok, sent):
+        assert [e["subject"] for e in ok("email.search_sent", {"text": "report"})["emails"]] == [
+            "Quarterly report"
+        ]
+        assert [e["subject"] for e in ok("email.search_sent", {"text": "noon"})["emails"]] == ["Lunch"]
+
+    def test_by_recipient(self, ok, sent):
+        result = ok("email.search_sent", {"recipient": "SAM@"})
+        assert [e["subject"] for e in result["emails"]] == ["Lunch"]
+        assert result["emails"][0]["body_preview"] == "Friday at noon?"
+
+    def test_newest_first_and_limited(self, ok, sent):
+        result = ok("email.search_sent", {"limit": 1})
+        assert [e["subject"] for e in result["emails"]] == ["Lunch"] and result["total"] == 2
+
+    def test_bob_sees_only_his_own(self, ok, sent, bob):
+        result = ok("email.search_sent", {"recipient": "finance"}, user=bob)
+        assert [e["subject"] for e in result["emails"]] == ["Bob's report"]
