@@ -4,10 +4,14 @@ SQLite is the embedded default and is shared by the web server and several qclus
 worker processes, so it runs in WAL mode with IMMEDIATE transactions: writers queue on
 the busy timeout instead of failing with "database is locked" when a read lock would
 have to be upgraded.
+
+The SQLite test database is a file too (not Django's in-memory default), one per test
+process: tests that start a real `qcluster` subprocess point it at that file.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -30,7 +34,10 @@ def database_from_url(url: str, *, default_sqlite_path: Path) -> dict:
     engine = config["ENGINE"]
     if engine == "django.db.backends.sqlite3":
         if config["NAME"] != ":memory:":
-            Path(config["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+            path = Path(config["NAME"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            test = config.setdefault("TEST", {})
+            test.setdefault("NAME", str(path.with_name(f"test-{path.stem}-{os.getpid()}.sqlite3")))
         config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
     elif engine != "django.db.backends.postgresql":
         raise ImproperlyConfigured(

@@ -8,6 +8,17 @@ urlpatterns = [
     path("", views.conversation_list, name="conversation_list"),
     path("conversations/new/", views.conversation_create, name="conversation_create"),
     path("conversations/<int:conversation_id>/", views.conversation_detail, name="conversation_detail"),
+    path("conversations/<int:conversation_id>/messages/", views.message_send, name="message_send"),
+    path(
+        "conversations/<int:conversation_id>/turns/<int:turn_id>/continue/",
+        views.turn_continue_view,
+        name="turn_continue",
+    ),
+    path(
+        "conversations/<int:conversation_id>/turns/<int:turn_id>/stop/",
+        views.turn_stop_view,
+        name="turn_stop",
+    ),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),

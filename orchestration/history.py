@@ -31,7 +31,7 @@ def llm_messages(*, turn: Turn, system_prompt: str) -> list[dict]:
     """
     messages: list[dict] = [{"role": "system", "content": system_prompt}]
     rows = turn.conversation.messages.filter(turn__number__lte=turn.number).select_related("turn")
-    for row in rows.order_by("seq"):
+    for row in rows.exclude(role=Message.Role.NOTICE).order_by("seq"):
         if row.turn_id != turn.pk:
             if row.role == Message.Role.USER or (row.role == Message.Role.ASSISTANT and not row.tool_calls and row.content):
                 messages.append({"role": row.role, "content": row.content})

@@ -136,6 +136,7 @@ class Message(models.Model):
         ASSISTANT = "assistant"
         TOOL = "tool"
         NOTE = "note", "engine note"  # the engine correcting the model; not shown in chat
+        NOTICE = "notice", "assistant"  # the engine telling the user; not sent to the model
 
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages"

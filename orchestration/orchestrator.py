@@ -127,7 +127,9 @@ def _run(turn_id: int, token: str) -> None:
 
 
 def _last_seq(turn: Turn) -> int:
-    return turn.messages.order_by("-seq").values_list("seq", flat=True).first() or 0
+    """The last message the model can see (notices to the user do not count)."""
+    seen = turn.messages.exclude(role=Message.Role.NOTICE)
+    return seen.order_by("-seq").values_list("seq", flat=True).first() or 0
 
 
 def _ask_model(turn: Turn, token: str, provider) -> None:

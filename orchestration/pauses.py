@@ -45,7 +45,7 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
             # the waiting state is re-derived on resume, from the pending tool call
         )
         event_record(type="limit.tripped", turn=turn, summary=f"Limit tripped: {trip.limit}", payload=detail | {"limit": trip.limit})
-        message_append(turn=turn, role=Message.Role.ASSISTANT, content=pause_question(trip.limit, detail))
+        message_append(turn=turn, role=Message.Role.NOTICE, content=pause_question(trip.limit, detail))
         event_record(type="turn.paused", turn=turn, summary=f"Turn {turn.number} paused: continue?", payload={"pause_id": pause.pk, "limit": trip.limit})
     return pause
 
@@ -95,8 +95,10 @@ def turn_continue(*, turn: Turn, user) -> Turn:
             raise AlreadyAnswered("This turn was already resumed or stopped.")
         limits = Limits.from_json(turn.limits).to_json()
         if pause.limit in limits:
-            # A fresh budget of the tripped kind: what was used so far plus one default's worth.
-            limits[pause.limit] = pause.detail.get("used", 0) + Limits.from_settings().to_json()[pause.limit]
+            # A fresh budget of the tripped kind: what was used so far plus one default's
+            # worth (or what the tripping request asked for, if that is more).
+            fresh = max(Limits.from_settings().to_json()[pause.limit], pause.detail.get("requested", 0))
+            limits[pause.limit] = pause.detail.get("used", 0) + fresh
         Turn.objects.filter(pk=turn.pk).update(
             status=TurnStatus.RUNNING, limits=limits, continuations=F("continuations") + 1
         )

@@ -18,5 +18,21 @@ def visible_messages(*, conversation: Conversation) -> QuerySet[Message]:
     timeline and audit views, not in the chat.
     """
     return conversation.messages.filter(
-        role__in=[Message.Role.USER, Message.Role.ASSISTANT], tool_calls=[]
+        role__in=[Message.Role.USER, Message.Role.ASSISTANT, Message.Role.NOTICE], tool_calls=[]
     ).exclude(content="")
+
+
+def active_turn(*, conversation: Conversation):
+    from orchestration.models import ACTIVE_TURN_STATUSES
+
+    return conversation.turns.filter(status__in=ACTIVE_TURN_STATUSES).first()
+
+
+def open_pause(*, conversation: Conversation):
+    from orchestration.models import TurnPause
+
+    return (
+        TurnPause.objects.filter(turn__conversation=conversation, decision="")
+        .select_related("turn")
+        .first()
+    )

@@ -84,7 +84,7 @@ def turn_fail(*, turn_id: int, error: str, token: str | None = None) -> None:
     if turn is None:
         return
     lifecycle.dispatch_cancel_open(turn, reason="the turn failed")
-    message_append(turn=turn, role=Message.Role.ASSISTANT, content=f"Sorry — this turn failed. {error}")
+    message_append(turn=turn, role=Message.Role.NOTICE, content=f"Sorry — this turn failed. {error}")
     event_record(type="turn.failed", turn=turn, summary=f"Turn {turn.number} failed: {error[:200]}", payload={"error": error})
 
 
@@ -102,7 +102,7 @@ def turn_stop(*, turn: Turn, user) -> Turn:
     _finish(turn.pk, None, status=TurnStatus.STOPPED)
     lifecycle.dispatch_cancel_open(turn, reason="cancelled: stopped by the owner")
     summary = stop_summary(turn)
-    message_append(turn=turn, role=Message.Role.ASSISTANT, content=summary)
+    message_append(turn=turn, role=Message.Role.NOTICE, content=summary)
     event_record(type="turn.stopped", turn=turn, summary=f"Turn {turn.number} stopped by {user.get_username()}",
                  payload={"stopped_by": user.get_username(), "summary": summary})
     return turn

@@ -24,6 +24,15 @@ def llm(settings, monkeypatch):
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def default_profiles(request):
+    """Data migrations' rows do not survive transactional tests' flushes: put them back."""
+    if "db" in request.fixturenames or "transactional_db" in request.fixturenames:
+        from orchestration.profiles import install_default_profiles
+
+        install_default_profiles()
+
+
 @pytest.fixture
 def inline_tasks(monkeypatch):
     monkeypatch.setattr(Conf, "SYNC", True)

@@ -34,7 +34,7 @@ def agent_events(dispatch_: AgentDispatch) -> list[str]:
 
 
 def answer(turn) -> str:
-    return turn.messages.filter(role="assistant", tool_calls=[]).order_by("-seq").first().content
+    return turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).order_by("-seq").first().content
 
 
 def tool_results(turn, name: str) -> list[dict]:

@@ -44,7 +44,7 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_dumps(turn_audit(turn)))
             return
-        answer = turn.messages.filter(role="assistant", tool_calls=[]).exclude(content="").order_by("-seq").first()
+        answer = turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).exclude(content="").order_by("-seq").first()
         self.stdout.write(answer.content if answer else f"(no answer; the turn is {turn.status})")
         self.stdout.write(self.style.NOTICE(f"\nconversation {turn.conversation_id}, turn {turn.number}: {turn.status}"))
         if turn.status == TurnStatus.PAUSED:
