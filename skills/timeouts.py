@@ -5,6 +5,11 @@ timeout, so `deadline` nests: it remembers the enclosing handler and timer, neve
 postpones an enclosing deadline that is sooner, and on exit restores the handler and
 re-arms the enclosing timer with whatever time it has left (at once if none).
 
+An exception raised in the middle of a database query would leave the connection busy
+with it (psycopg only cleans up after Ctrl-C), and the rollback that follows would fail.
+So queries are shielded: a deadline that expires during one cancels it on the server
+and raises as soon as the query returns.
+
 Signals only reach the main thread. Elsewhere (a web request in a thread pool) the
 handler cannot be interrupted: it runs to the end and an overrun is reported as a
 timeout afterwards, so the caller still rolls its writes back.
@@ -12,11 +17,16 @@ timeout afterwards, so the caller still rolls its writes back.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from django.db import connection
+
+logger = logging.getLogger(__name__)
 
 # setitimer(0) would disarm the timer instead of firing it: an expired enclosing
 # deadline is re-armed with this instead.
@@ -35,33 +45,68 @@ class SkillTimeout(BaseException):
         self.seconds = seconds
 
 
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self.in_query = False
+
+    def on_alarm(self, signum, frame) -> None:
+        self.expired = True
+        if self.in_query:
+            _cancel_running_query()
+            return
+        raise SkillTimeout(self.seconds)
+
+    def run_query(self, execute, sql, params, many, context):
+        """Django execute_wrapper: defer an expiry to the end of the query."""
+        if self.in_query:  # a query issued while running a query: already shielded
+            return execute(sql, params, many, context)
+        self.in_query = True
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.in_query = False
+            if self.expired:
+                raise SkillTimeout(self.seconds)
+
+
 @contextmanager
 def deadline(seconds: float) -> Iterator[None]:
     """Raise SkillTimeout inside the block once `seconds` have passed."""
     if threading.current_thread() is not threading.main_thread():
-        yield from _measured(seconds)
+        started = time.monotonic()
+        yield
+        if time.monotonic() - started > seconds:
+            raise SkillTimeout(seconds)
         return
+    limit = _Deadline(seconds)
     previous_handler = signal.getsignal(signal.SIGALRM)
     outer_left, outer_interval = signal.setitimer(signal.ITIMER_REAL, 0)
     started = time.monotonic()
-
-    def on_alarm(signum, frame):
-        raise SkillTimeout(seconds)
-
-    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGALRM, limit.on_alarm)
     signal.setitimer(signal.ITIMER_REAL, min(seconds, outer_left) if outer_left else seconds)
     try:
-        yield
+        with connection.execute_wrapper(limit.run_query):
+            yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler or signal.SIG_DFL)
         if outer_left:
             left = outer_left - (time.monotonic() - started)
             signal.setitimer(signal.ITIMER_REAL, max(left, _AT_ONCE), outer_interval)
-
-
-def _measured(seconds: float) -> Iterator[None]:
-    started = time.monotonic()
-    yield
-    if time.monotonic() - started > seconds:
+    if limit.expired:  # the block caught the SkillTimeout and went on: not for long
         raise SkillTimeout(seconds)
+
+
+def _cancel_running_query() -> None:
+    """Ask the server to stop the query in flight; the query then fails at once.
+
+    Only PostgreSQL needs this: an SQLite query runs in C and the alarm's handler only
+    runs after it returned."""
+    if connection.vendor != "postgresql":
+        return
+    try:
+        connection.connection.cancel_safe(timeout=2.0)
+    except Exception:
+        logger.warning("Could not cancel a query past its skill's deadline.", exc_info=True)

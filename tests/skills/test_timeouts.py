@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from django.db import connection, transaction
 
 from skills.timeouts import SkillTimeout, deadline
 
@@ -105,3 +106,20 @@ def test_off_the_main_thread_an_overrun_is_reported_afterwards():
     thread.start()
     thread.join()
     assert len(caught) == 1 and caught[0].seconds == 0.01
+
+
+def test_a_query_is_never_interrupted_half_way(db, no_timer):
+    """The alarm lands during the query; the timeout is raised once it has returned (or
+    PostgreSQL cancelled it), and after rolling back to a savepoint, as the executor
+    does, the connection goes on working."""
+    counted = []
+    slow = ("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 1000000) "
+            "SELECT count(*) FROM n")
+    with pytest.raises(SkillTimeout), transaction.atomic(), deadline(0.01):
+        with connection.cursor() as cursor:
+            cursor.execute(slow if connection.vendor == "sqlite" else "SELECT pg_sleep(1), 1")
+            counted.append(cursor.fetchone())
+    assert counted == []  # the block stopped right after the query
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
