@@ -89,9 +89,7 @@ class SkillOutcome:
         while len(text) > MAX_TOOL_CONTENT_CHARS:
             # Cutting JSON breaks it: wrap the beginning in a valid, marked envelope.
             # (Escaping can lengthen the cut text, hence the loop.)
-            text = _compact(
-                {"ok": self.ok, "truncated": True, "partial": full[:keep]}
-            )
+            text = _compact({"ok": self.ok, "truncated": True, "partial": full[:keep]})
             keep //= 2
         return text
 
@@ -267,7 +265,11 @@ def _failure(
     retryable: bool = False,
 ) -> SkillOutcome:
     return SkillOutcome(
-        ok=False, status=status, error=error, error_kind=kind, problems=problems,
+        ok=False,
+        status=status,
+        error=error,
+        error_kind=kind,
+        problems=problems,
         retryable=retryable,
     )
 
@@ -277,11 +279,15 @@ def _finish(row, outcome: SkillOutcome, started: float) -> SkillOutcome:
     duration_ms = int((time.monotonic() - started) * 1000)
     row.status = outcome.status
     row.error = outcome.error
-    row.result = outcome.data if outcome.ok else {
-        "error_kind": outcome.error_kind,
-        "problems": list(outcome.problems),
-        "retryable": outcome.retryable,
-    }
+    row.result = (
+        outcome.data
+        if outcome.ok
+        else {
+            "error_kind": outcome.error_kind,
+            "problems": list(outcome.problems),
+            "retryable": outcome.retryable,
+        }
+    )
     row.finished_at = timezone.now()
     row.duration_ms = duration_ms
     row.save(update_fields=["status", "error", "result", "finished_at", "duration_ms"])

@@ -13,7 +13,9 @@ from skills.domains.files.skills import DOMAIN as FILES
 from skills.domains.memory.skills import DOMAIN as MEMORY
 from skills.domains.tasks.skills import DOMAIN as TASKS
 
-DOMAINS: dict[str, Domain] = {domain.name: domain for domain in (TASKS, CALENDAR, EMAIL, MEMORY, FILES)}
+DOMAINS: dict[str, Domain] = {
+    domain.name: domain for domain in (TASKS, CALENDAR, EMAIL, MEMORY, FILES)
+}
 
 
 class UnknownDomain(LookupError):
@@ -25,9 +27,7 @@ class UnknownSkill(LookupError):
 
 
 def domains() -> list[dict]:
-    return [
-        {"domain": name, "description": DOMAINS[name].description} for name in sorted(DOMAINS)
-    ]
+    return [{"domain": name, "description": DOMAINS[name].description} for name in sorted(DOMAINS)]
 
 
 def get_domain(name: str) -> Domain:

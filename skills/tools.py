@@ -21,8 +21,10 @@ def use_skill_tool(skill_names: Iterable[str]) -> dict:
     if not skills:
         raise ValueError("use_skill needs at least one granted skill.")
     lines = [
-        "Run one of the skills granted to you. Pass its name as `skill` and its arguments "
-        "as `arguments`, matching its parameter schema. Granted skills:"
+        (
+            "Run one of the skills granted to you. Pass its name as `skill` and its arguments "
+            "as `arguments`, matching its parameter schema. Granted skills:"
+        )
     ]
     for skill in skills:
         access = "read-only" if skill.read_only else "changes data"

@@ -123,7 +123,9 @@ def _describe(error: ValidationError) -> list[str]:
     keyword, expected, value = error.validator, error.validator_value, error.instance
     if keyword == "required":
         prefix = f"{where[1:-1]}." if error.absolute_path else ""
-        return [f"missing required field '{prefix}{name}'" for name in expected if name not in value]
+        return [
+            f"missing required field '{prefix}{name}'" for name in expected if name not in value
+        ]
     if keyword == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
@@ -136,8 +138,11 @@ def _describe(error: ValidationError) -> list[str]:
     if keyword == "maxLength":
         return [f"{where} must be at most {expected} characters (got {len(value)})"]
     if keyword == "minLength":
-        return [f"{where} must not be empty" if expected == 1 else
-                f"{where} must be at least {expected} characters"]
+        return [
+            f"{where} must not be empty"
+            if expected == 1
+            else f"{where} must be at least {expected} characters"
+        ]
     if keyword == "maxItems":
         return [f"{where} must have at most {expected} items (got {len(value)})"]
     if keyword == "minItems":

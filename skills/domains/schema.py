@@ -27,7 +27,10 @@ def text(description: str, *, max_length: int, min_length: int = 0, one_line: bo
 
 def integer(description: str, *, minimum: int, maximum: int, default: int | None = None) -> dict:
     schema: dict = {
-        "type": "integer", "description": description, "minimum": minimum, "maximum": maximum,
+        "type": "integer",
+        "description": description,
+        "minimum": minimum,
+        "maximum": maximum,
     }
     if default is not None:
         schema["default"] = default

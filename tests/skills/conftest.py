@@ -71,7 +71,9 @@ def register(monkeypatch):
     """`register(*skills)`: a test-only domain "testing" in the registry for one test."""
 
     def register(*skills):
-        domain = Domain(name="testing", description="Skills that exist only in tests.", skills=skills)
+        domain = Domain(
+            name="testing", description="Skills that exist only in tests.", skills=skills
+        )
         monkeypatch.setitem(registry.DOMAINS, domain.name, domain)
         return domain
 

@@ -42,8 +42,14 @@ def runs(register):
             raise SkillError("task 9 not found")
         return {"fine": True}
 
-    register(Skill(name="testing.fragile", description="Fails on demand.", parameters=PARAMS,
-                   handler=handler))
+    register(
+        Skill(
+            name="testing.fragile",
+            description="Fails on demand.",
+            parameters=PARAMS,
+            handler=handler,
+        )
+    )
     return runs
 
 
@@ -65,19 +71,32 @@ def test_opens_after_consecutive_failures_and_answers_at_once(call, runs):
 
     refused = call("testing.fragile", {})
     assert runs == ["crash", "transient"]  # the third call never reached the handler
-    assert (refused.status, refused.error_kind, refused.retryable) == ("failed", "unavailable", True)
+    assert (refused.status, refused.error_kind, refused.retryable) == (
+        "failed",
+        "unavailable",
+        True,
+    )
     assert refused.error == (
-        "skill testing.fragile is temporarily unavailable after repeated failures; "
-        "retry after 60 s"
+        "skill testing.fragile is temporarily unavailable after repeated failures; retry after 60 s"
     )
     row = SkillExecution.objects.get(pk=refused.execution_id)
     assert (row.status, row.result["error_kind"]) == ("failed", "unavailable")
 
 
 def test_timeouts_count_as_failures(call, register):
-    register(Skill(name="testing.slow", description="Sleeps.", parameters={
-        "type": "object", "properties": {}, "additionalProperties": False,
-    }, handler=lambda user: time.sleep(5), timeout=0.05))
+    register(
+        Skill(
+            name="testing.slow",
+            description="Sleeps.",
+            parameters={
+                "type": "object",
+                "properties": {},
+                "additionalProperties": False,
+            },
+            handler=lambda user: time.sleep(5),
+            timeout=0.05,
+        )
+    )
     call("testing.slow", {})
     call("testing.slow", {})
     assert call("testing.slow", {}).error_kind == "unavailable"

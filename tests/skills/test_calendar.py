@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.utils import timezone
 
 from skills.models import CalendarEvent
 
-UTC = dt_timezone.utc
+UTC = UTC
 
 
 def at(day: int, hour: int, minute: int = 0) -> datetime:
@@ -18,8 +18,12 @@ def at(day: int, hour: int, minute: int = 0) -> datetime:
 
 def event(owner, title, start, minutes=60, **fields):
     return CalendarEvent.objects.create(
-        owner=owner, title=title, start=start, duration_minutes=minutes,
-        end=start + timedelta(minutes=minutes), **fields,
+        owner=owner,
+        title=title,
+        start=start,
+        duration_minutes=minutes,
+        end=start + timedelta(minutes=minutes),
+        **fields,
     )
 
 
@@ -41,18 +45,26 @@ def titles(result: dict, key: str = "events") -> list[str]:
 class TestListEvents:
     def test_events_overlapping_the_range(self, ok, events):
         # The stand-up started before the range but is still running in it.
-        result = ok("calendar.list_events", {"start": "2030-05-06T09:10:00+00:00",
-                                             "end": "2030-05-07T00:00:00+00:00"})
+        result = ok(
+            "calendar.list_events",
+            {"start": "2030-05-06T09:10:00+00:00", "end": "2030-05-07T00:00:00+00:00"},
+        )
         assert titles(result) == ["Stand-up", "Lunch"] and result["total"] == 2
         assert result["events"][1] == {
-            "id": events["lunch"].pk, "title": "Lunch", "start": "2030-05-06T12:00:00+00:00",
-            "end": "2030-05-06T13:00:00+00:00", "duration_minutes": 60, "invitees": [],
+            "id": events["lunch"].pk,
+            "title": "Lunch",
+            "start": "2030-05-06T12:00:00+00:00",
+            "end": "2030-05-06T13:00:00+00:00",
+            "duration_minutes": 60,
+            "invitees": [],
             "status": "active",
         }
 
     def test_cancelled_on_request(self, ok, events):
-        result = ok("calendar.list_events", {"start": "2030-05-06", "end": "2030-05-07",
-                                             "include_cancelled": True})
+        result = ok(
+            "calendar.list_events",
+            {"start": "2030-05-06", "end": "2030-05-07", "include_cancelled": True},
+        )
         assert titles(result) == ["Stand-up", "Lunch", "Dropped"]
 
     def test_default_range_is_the_next_two_weeks(self, ok, alice):
@@ -73,13 +85,20 @@ class TestListEvents:
 
 class TestCreateEvent:
     def test_creates_and_reports_overlaps(self, ok, events, alice):
-        result = ok("calendar.create_event", {
-            "title": "Dentist", "start": "2030-05-06T12:30:00+00:00", "duration_minutes": 45,
-            "invitees": ["dr@example.com"],
-        })
+        result = ok(
+            "calendar.create_event",
+            {
+                "title": "Dentist",
+                "start": "2030-05-06T12:30:00+00:00",
+                "duration_minutes": 45,
+                "invitees": ["dr@example.com"],
+            },
+        )
         created = CalendarEvent.objects.get(pk=result["event"]["id"])
         assert (created.owner, created.end, created.invitees) == (
-            alice, at(6, 13, 15), ["dr@example.com"]
+            alice,
+            at(6, 13, 15),
+            ["dr@example.com"],
         )
         # Lunch overlaps; the cancelled event and Bob's meeting do not count.
         assert titles(result, "overlaps") == ["Lunch"]
@@ -89,8 +108,10 @@ class TestCreateEvent:
         assert result["overlaps"] == [] and result["event"]["duration_minutes"] == 60
 
     def test_adjacent_events_do_not_overlap(self, ok, events):
-        result = ok("calendar.create_event", {"title": "Coffee", "start": "2030-05-06T13:00:00Z",
-                                              "duration_minutes": 30})
+        result = ok(
+            "calendar.create_event",
+            {"title": "Coffee", "start": "2030-05-06T13:00:00Z", "duration_minutes": 30},
+        )
         assert result["overlaps"] == []
 
     def test_a_time_without_offset_is_in_the_server_time_zone(self, ok, settings):

@@ -7,15 +7,19 @@ from django.core import mail
 
 from skills.models import OutboxEmail
 
-MESSAGE = {"to": ["sam@example.com", "kim@example.org"], "subject": "Lunch on Friday?",
-           "body": "Shall we try the new place?"}
+MESSAGE = {
+    "to": ["sam@example.com", "kim@example.org"],
+    "subject": "Lunch on Friday?",
+    "body": "Shall we try the new place?",
+}
 
 
 @pytest.fixture
 def sent(alice, bob):
     def email(owner, subject, to, body="..."):
-        return OutboxEmail.objects.create(owner=owner, to=to, subject=subject, body=body,
-                                          message_id=f"<{subject}@localhost>")
+        return OutboxEmail.objects.create(
+            owner=owner, to=to, subject=subject, body=body, message_id=f"<{subject}@localhost>"
+        )
 
     return [
         email(alice, "Quarterly report", ["finance@example.com"], "Numbers attached."),
@@ -34,7 +38,9 @@ class TestSend:
         assert message.message()["Message-ID"] == record.message_id
         assert record.message_id.endswith("@mail.example.net>")
         assert (message.to, message.subject, message.body) == (
-            MESSAGE["to"], MESSAGE["subject"], MESSAGE["body"]
+            MESSAGE["to"],
+            MESSAGE["subject"],
+            MESSAGE["body"],
         )
         assert message.from_email == settings.DEFAULT_FROM_EMAIL
         assert message.reply_to == ["alice@example.com"]
@@ -57,7 +63,10 @@ class TestSend:
     @pytest.mark.parametrize(
         ("change", "problem"),
         [
-            ({"to": ["sam@example.com", "not an address"]}, "'to[1]' must be a valid email address"),
+            (
+                {"to": ["sam@example.com", "not an address"]},
+                "'to[1]' must be a valid email address",
+            ),
             ({"to": [f"p{i}@example.com" for i in range(21)]}, "'to' must have at most 20 items"),
             ({"subject": "Hi\r\nBcc: everyone@example.com"}, "'subject' has an invalid format"),
         ],
@@ -74,7 +83,9 @@ class TestSearchSent:
         assert [e["subject"] for e in ok("email.search_sent", {"text": "report"})["emails"]] == [
             "Quarterly report"
         ]
-        assert [e["subject"] for e in ok("email.search_sent", {"text": "noon"})["emails"]] == ["Lunch"]
+        assert [e["subject"] for e in ok("email.search_sent", {"text": "noon"})["emails"]] == [
+            "Lunch"
+        ]
 
     def test_by_recipient(self, ok, sent):
         result = ok("email.search_sent", {"recipient": "SAM@"})

@@ -23,8 +23,13 @@ TEXT_PARAM = {
 
 
 def skill(name, handler, *, parameters=NO_PARAMS, **options):
-    return Skill(name=name, description=f"Test skill {name}.", parameters=parameters,
-                 handler=handler, **options)
+    return Skill(
+        name=name,
+        description=f"Test skill {name}.",
+        parameters=parameters,
+        handler=handler,
+        **options,
+    )
 
 
 @pytest.fixture
@@ -49,7 +54,11 @@ class TestCompletedCall:
         assert (outcome.ok, outcome.status, outcome.data) == (True, "completed", {"echo": "hi"})
         row = SkillExecution.objects.get(pk=outcome.execution_id)
         assert (row.dispatch, row.tool_call_id, row.skill) == (dispatch, "call_a", "testing.echo")
-        assert (row.status, row.arguments, row.result) == ("completed", {"text": "hi"}, {"echo": "hi"})
+        assert (row.status, row.arguments, row.result) == (
+            "completed",
+            {"text": "hi"},
+            {"echo": "hi"},
+        )
         assert row.finished_at is not None and row.duration_ms == outcome.duration_ms
         assert json.loads(outcome.as_tool_content()) == {"ok": True, "result": {"echo": "hi"}}
 
@@ -85,7 +94,11 @@ class TestRefusals:
         assert "granted skills: tasks.search, testing.echo" in outcome.error
         assert not Task.objects.exists()
         row = SkillExecution.objects.get(pk=outcome.execution_id)
-        assert (row.skill, row.status, row.result["error_kind"]) == ("tasks.create", "failed", "not_granted")
+        assert (row.skill, row.status, row.result["error_kind"]) == (
+            "tasks.create",
+            "failed",
+            "not_granted",
+        )
 
     def test_unknown_skill_names_the_domain_skills(self, call):
         outcome = call("tasks.serch", {})
@@ -147,7 +160,11 @@ class TestFailures:
 
         register(skill("testing.refuses", handler))
         outcome = call("testing.refuses", {})
-        assert (outcome.status, outcome.error_kind, outcome.error) == ("failed", "failed", "task 12 not found")
+        assert (outcome.status, outcome.error_kind, outcome.error) == (
+            "failed",
+            "failed",
+            "task 12 not found",
+        )
         assert not outcome.retryable
         assert not Task.objects.exists()  # the handler's writes were rolled back
         assert SkillExecution.objects.get().error == "task 12 not found"
@@ -194,7 +211,7 @@ class TestTimeout:
         def stubborn(user):
             try:
                 time.sleep(5)
-            except Exception:
+            except Exception:  # noqa: BLE001 - the point: it must not help
                 return {"swallowed": True}
 
         register(
@@ -206,7 +223,11 @@ class TestTimeout:
         started = time.monotonic()
         outcome = call("testing.sleeper", {"text": "half"})
         assert time.monotonic() - started < 2
-        assert (outcome.status, outcome.error_kind, outcome.retryable) == ("timeout", "timeout", True)
+        assert (outcome.status, outcome.error_kind, outcome.retryable) == (
+            "timeout",
+            "timeout",
+            True,
+        )
         assert outcome.error == "testing.sleeper did not finish within 0.1 s"
         assert not Task.objects.exists()
         row = SkillExecution.objects.get()
@@ -251,7 +272,10 @@ class TestBeforeRun:
 def test_a_call_made_inside_a_handler_is_its_child(call, register, dispatch, alice):
     def outer(user):
         inner = execute_skill(
-            name="testing.leaf", arguments={}, user=user, tool_call_id="call_a/1",
+            name="testing.leaf",
+            arguments={},
+            user=user,
+            tool_call_id="call_a/1",
             scope={"dispatch": dispatch},
         )
         return {"inner": inner.data}
@@ -267,7 +291,7 @@ def test_a_call_made_inside_a_handler_is_its_child(call, register, dispatch, ali
 
 
 def test_tool_content_is_bounded_and_still_json(call, register):
-    register(skill("testing.big", lambda user: {"blob": "\"" * (3 * MAX_TOOL_CONTENT_CHARS)}))
+    register(skill("testing.big", lambda user: {"blob": '"' * (3 * MAX_TOOL_CONTENT_CHARS)}))
     content = call("testing.big", {}).as_tool_content()
     assert len(content) <= MAX_TOOL_CONTENT_CHARS
     parsed = json.loads(content)

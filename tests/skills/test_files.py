@@ -22,8 +22,13 @@ class TestWriteReadList:
         assert written == {"path": "notes/today.md", "size_bytes": 15, "created": True}
         assert (root / "notes" / "today.md").read_text() == "# Today\nhéllo\n"
         read = ok("files.read", {"path": "notes/today.md"})
-        assert read == {"path": "notes/today.md", "size_bytes": 15, "content": "# Today\nhéllo\n",
-                        "offset": 0, "next_offset": None}
+        assert read == {
+            "path": "notes/today.md",
+            "size_bytes": 15,
+            "content": "# Today\nhéllo\n",
+            "offset": 0,
+            "next_offset": None,
+        }
 
     def test_overwrite_leaves_no_temporary_files(self, ok, root):
         ok("files.write", {"path": "a.txt", "content": "one"})
@@ -33,7 +38,9 @@ class TestWriteReadList:
     def test_append(self, ok, root):
         assert ok("files.append", {"path": "log.txt", "content": "a\n"})["created"] is True
         assert ok("files.append", {"path": "log.txt", "content": "b\n"}) == {
-            "path": "log.txt", "size_bytes": 4, "created": False
+            "path": "log.txt",
+            "size_bytes": 4,
+            "created": False,
         }
         assert (root / "log.txt").read_text() == "a\nb\n"
 
@@ -72,8 +79,16 @@ class TestWriteReadList:
             ("files.list", {"path": "nowhere"}, "folder 'nowhere' not found"),
             ("files.list", {"path": "binary.bin"}, "folder 'binary.bin' is a file, not a folder"),
             ("files.write", {"path": "folder", "content": "x"}, "cannot write 'folder': "),
-            ("files.write", {"path": "binary.bin/x", "content": "x"}, "cannot write 'binary.bin/x': "),
-            ("files.write", {"path": "dir/", "content": "x"}, "path 'dir/' names a directory, not a file"),
+            (
+                "files.write",
+                {"path": "binary.bin/x", "content": "x"},
+                "cannot write 'binary.bin/x': ",
+            ),
+            (
+                "files.write",
+                {"path": "dir/", "content": "x"},
+                "path 'dir/' names a directory, not a file",
+            ),
         ],
     )
     def test_what_cannot_be_done(self, call, root, skill, arguments, error):
@@ -145,7 +160,9 @@ UNSTORABLE = [
 @pytest.mark.parametrize("skill", ["files.read", "files.write", "files.append", "files.list"])
 @pytest.mark.parametrize(("path", "error"), HOSTILE, ids=[repr(p[:20]) for p, _ in HOSTILE])
 def test_hostile_paths_are_refused(call, workspace, skill, path, error):
-    arguments = {"path": path} if skill in ("files.read", "files.list") else {"path": path, "content": "x"}
+    arguments = (
+        {"path": path} if skill in ("files.read", "files.list") else {"path": path, "content": "x"}
+    )
     outcome = call(skill, arguments)
     assert (outcome.ok, outcome.error_kind) == (False, "failed")
     assert outcome.error.startswith(error), outcome.error
@@ -159,10 +176,13 @@ def test_unstorable_paths_are_invalid_arguments(call, workspace, path, problem):
     assert not workspace.exists()
 
 
-@pytest.mark.parametrize(("path", "error"), [
-    ("a\x00b", "paths must not contain NUL bytes"),
-    ("bad\udc80", "the path is not valid text"),
-])
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("a\x00b", "paths must not contain NUL bytes"),
+        ("bad\udc80", "the path is not valid text"),
+    ],
+)
 def test_the_workspace_checks_such_text_itself_too(alice, path, error):
     with pytest.raises(SkillError, match=error):
         resolve(alice, path)
@@ -180,16 +200,24 @@ class TestSymlinks:
         ok("files.list", {})
         os.symlink(outside, root / "innocent.txt")
         for skill in ("files.read", "files.write", "files.append"):
-            outcome = call(skill, {"path": "innocent.txt", "content": "gotcha"}
-                           if skill != "files.read" else {"path": "innocent.txt"})
+            outcome = call(
+                skill,
+                {"path": "innocent.txt", "content": "gotcha"}
+                if skill != "files.read"
+                else {"path": "innocent.txt"},
+            )
             assert outcome.error == "path 'innocent.txt' leads outside your workspace", skill
         assert outside.read_text() == "not yours"
 
     def test_a_link_to_a_folder_outside_is_refused(self, call, ok, root, outside):
         ok("files.list", {})
         os.symlink(outside.parent, root / "docs")
-        assert call("files.list", {"path": "docs"}).error == "path 'docs' leads outside your workspace"
-        assert call("files.read", {"path": "docs/secret.txt"}).error.endswith("outside your workspace")
+        assert (
+            call("files.list", {"path": "docs"}).error == "path 'docs' leads outside your workspace"
+        )
+        assert call("files.read", {"path": "docs/secret.txt"}).error.endswith(
+            "outside your workspace"
+        )
         assert call("files.write", {"path": "docs/new.txt", "content": "x"}).error.endswith(
             "outside your workspace"
         )
@@ -212,5 +240,9 @@ class TestSymlinks:
         ok("files.write", {"path": "real.txt", "content": "hello"})
         os.symlink(root / "real.txt", root / "alias.txt")
         assert ok("files.read", {"path": "alias.txt"}) == {
-            "path": "real.txt", "size_bytes": 5, "content": "hello", "offset": 0, "next_offset": None
+            "path": "real.txt",
+            "size_bytes": 5,
+            "content": "hello",
+            "offset": 0,
+            "next_offset": None,
         }

@@ -15,8 +15,12 @@ def memories(alice, bob):
 
     return {
         "dentist": remember(alice, "My dentist is Dr. Rivera on Elm Street.", ["health"]),
-        "birthday": remember(alice, "Sam's birthday is in June; Sam likes jazz records.", ["people"]),
-        "both": remember(alice, "Book the dentist before Sam's birthday party.", ["health", "people"]),
+        "birthday": remember(
+            alice, "Sam's birthday is in June; Sam likes jazz records.", ["people"]
+        ),
+        "both": remember(
+            alice, "Book the dentist before Sam's birthday party.", ["health", "people"]
+        ),
         "bobs": remember(bob, "Bob's dentist is Dr. Who.", ["health"]),
     }
 
@@ -30,8 +34,12 @@ class TestSave:
         result = ok("memory.save", {"text": "Prefers tea", "tags": ["Food", "food", "drinks"]})
         memory = Memory.objects.get(owner=alice)
         assert memory.tags == ["food", "drinks"]
-        assert result["memory"] == {"id": memory.pk, "text": "Prefers tea",
-                                    "tags": ["food", "drinks"], "created_at": result["memory"]["created_at"]}
+        assert result["memory"] == {
+            "id": memory.pk,
+            "text": "Prefers tea",
+            "tags": ["food", "drinks"],
+            "created_at": result["memory"]["created_at"],
+        }
 
     def test_replay_saves_once(self, call):
         first = call("memory.save", {"text": "Prefers tea"}, tool_call_id="m1")
@@ -50,14 +58,18 @@ class TestSearch:
     @pytest.mark.skipif(connection.vendor == "postgresql", reason="PostgreSQL stems instead")
     def test_without_full_text_a_word_finds_longer_words(self, ok, memories):
         assert texts(ok("memory.search", {"query": "birth"})) == [
-            memories["both"].text, memories["birthday"].text
+            memories["both"].text,
+            memories["birthday"].text,
         ]
 
     def test_tags_are_searched_and_filter(self, ok, memories):
         assert set(texts(ok("memory.search", {"query": "people"}))) == {
-            memories["birthday"].text, memories["both"].text
+            memories["birthday"].text,
+            memories["both"].text,
         }
-        assert texts(ok("memory.search", {"query": "dentist", "tag": "PEOPLE"})) == [memories["both"].text]
+        assert texts(ok("memory.search", {"query": "dentist", "tag": "PEOPLE"})) == [
+            memories["both"].text
+        ]
 
     def test_limit(self, ok, memories):
         assert len(ok("memory.search", {"query": "dentist sam", "limit": 2})["memories"]) == 2
@@ -66,7 +78,9 @@ class TestSearch:
         assert ok("memory.search", {"query": "volcano"})["memories"] == []
 
     def test_a_query_without_words(self, call, memories):
-        assert call("memory.search", {"query": "?!"}).error == "the query has no words to search for"
+        assert (
+            call("memory.search", {"query": "?!"}).error == "the query has no words to search for"
+        )
 
     def test_bob_finds_only_his_own(self, ok, memories, bob):
         assert texts(ok("memory.search", {"query": "dentist"}, user=bob)) == [memories["bobs"].text]

@@ -26,8 +26,15 @@ def test_a_slow_query_is_cancelled_at_the_deadline(call, register):
             cursor.execute("SELECT pg_sleep(5)")
         return {}
 
-    register(Skill(name="testing.slow_query", description="Sleeps in the database.",
-                   parameters=NO_PARAMS, handler=handler, timeout=0.2))
+    register(
+        Skill(
+            name="testing.slow_query",
+            description="Sleeps in the database.",
+            parameters=NO_PARAMS,
+            handler=handler,
+            timeout=0.2,
+        )
+    )
     started = time.monotonic()
     outcome = call("testing.slow_query", {})
     assert time.monotonic() - started < 2  # cancelled on the server, not waited for
@@ -46,16 +53,29 @@ def test_two_workers_racing_on_one_call_run_it_once(register, dispatch, alice):
         time.sleep(0.5)  # the other worker's insert waits on the unique key meanwhile
         return {"done": True}
 
-    register(Skill(name="testing.once", description="Slow side effect.", parameters=NO_PARAMS,
-                   handler=handler))
+    register(
+        Skill(
+            name="testing.once",
+            description="Slow side effect.",
+            parameters=NO_PARAMS,
+            handler=handler,
+        )
+    )
     start = threading.Barrier(2)
     outcomes = []
 
     def worker():
         try:
             start.wait()
-            outcomes.append(execute_skill(name="testing.once", arguments={}, user=alice,
-                                          tool_call_id="call_1", scope={"dispatch": dispatch}))
+            outcomes.append(
+                execute_skill(
+                    name="testing.once",
+                    arguments={},
+                    user=alice,
+                    tool_call_id="call_1",
+                    scope={"dispatch": dispatch},
+                )
+            )
         finally:
             connections.close_all()
 

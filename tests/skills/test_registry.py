@@ -9,15 +9,29 @@ from skills.base import Domain, Skill
 from skills.registry import UnknownDomain, UnknownSkill
 
 ALL_SKILLS = [
-    "calendar.cancel_event", "calendar.create_event", "calendar.list_events",
-    "email.search_sent", "email.send",
-    "files.append", "files.list", "files.read", "files.write",
-    "memory.save", "memory.search",
-    "tasks.complete", "tasks.create", "tasks.search", "tasks.update",
+    "calendar.cancel_event",
+    "calendar.create_event",
+    "calendar.list_events",
+    "email.search_sent",
+    "email.send",
+    "files.append",
+    "files.list",
+    "files.read",
+    "files.write",
+    "memory.save",
+    "memory.search",
+    "tasks.complete",
+    "tasks.create",
+    "tasks.search",
+    "tasks.update",
 ]
 READ_ONLY = [
-    "calendar.list_events", "email.search_sent", "files.list", "files.read",
-    "memory.search", "tasks.search",
+    "calendar.list_events",
+    "email.search_sent",
+    "files.list",
+    "files.read",
+    "memory.search",
+    "tasks.search",
 ]
 
 
@@ -33,7 +47,13 @@ def test_read_only_skills():
 
 def test_domains_are_listed_with_one_line_each():
     listed = registry.domains()
-    assert [entry["domain"] for entry in listed] == ["calendar", "email", "files", "memory", "tasks"]
+    assert [entry["domain"] for entry in listed] == [
+        "calendar",
+        "email",
+        "files",
+        "memory",
+        "tasks",
+    ]
     assert all(entry["description"] and "\n" not in entry["description"] for entry in listed)
 
 
@@ -41,7 +61,10 @@ def test_describe_domain():
     described = registry.describe_domain("tasks")
     assert described["domain"] == "tasks"
     assert [s["name"] for s in described["skills"]] == [
-        "tasks.complete", "tasks.create", "tasks.search", "tasks.update"
+        "tasks.complete",
+        "tasks.create",
+        "tasks.search",
+        "tasks.update",
     ]
     search = described["skills"][2]
     assert set(search) == {"name", "description", "parameters", "read_only"}
@@ -49,15 +72,20 @@ def test_describe_domain():
 
 
 def test_unknown_domain_names_the_valid_ones():
-    with pytest.raises(UnknownDomain, match="unknown domain 'weather'; valid domains: "
-                       "calendar, email, files, memory, tasks"):
+    with pytest.raises(
+        UnknownDomain,
+        match="unknown domain 'weather'; valid domains: calendar, email, files, memory, tasks",
+    ):
         registry.describe_domain("weather")
 
 
 def test_unknown_skill_in_a_known_domain_names_that_domains_skills():
     with pytest.raises(UnknownSkill) as raised:
         registry.get_skill("email.delete")
-    assert str(raised.value) == "unknown skill 'email.delete'; email skills: email.search_sent, email.send"
+    assert (
+        str(raised.value)
+        == "unknown skill 'email.delete'; email skills: email.search_sent, email.send"
+    )
 
 
 def test_unknown_skill_elsewhere_names_all_skills():
@@ -78,9 +106,8 @@ class TestGetSkillTool:
 
     def test_unknown_domain_is_an_error_result(self):
         result = registry.get_skill_tool_result("weather")
-        assert result == {
-            "error": "unknown domain 'weather'; valid domains: calendar, email, files, memory, tasks"
-        }
+        valid = "calendar, email, files, memory, tasks"
+        assert result == {"error": f"unknown domain 'weather'; valid domains: {valid}"}
 
 
 def _walk(schema: dict, where: str):
@@ -113,14 +140,22 @@ def test_every_parameter_is_described(skill):
 
 class TestContract:
     def test_names_must_be_dotted(self):
-        with pytest.raises(ValueError, match="domain.action"):
-            Skill(name="search", description="", parameters={"type": "object",
-                  "additionalProperties": False}, handler=lambda user: {})
+        with pytest.raises(ValueError, match=r"domain\.action"):
+            Skill(
+                name="search",
+                description="",
+                parameters={"type": "object", "additionalProperties": False},
+                handler=lambda user: {},
+            )
 
     def test_parameters_must_be_a_closed_object(self):
         with pytest.raises(ValueError, match="closed object schema"):
-            Skill(name="tasks.x", description="", parameters={"type": "object"},
-                  handler=lambda user: {})
+            Skill(
+                name="tasks.x",
+                description="",
+                parameters={"type": "object"},
+                handler=lambda user: {},
+            )
 
     def test_a_skill_belongs_to_its_domain(self):
         skill = registry.get_skill("tasks.search")

@@ -19,11 +19,18 @@ def tasks(alice, bob):
     """Alice's list (one overdue, one done, one without a date) and one of Bob's."""
     today = timezone.localdate()
     return {
-        "late": Task.objects.create(owner=alice, title="Renew passport", due=today - timedelta(days=2)),
-        "soon": Task.objects.create(owner=alice, title="Call dentist", notes="about the crown",
-                                    due=today + timedelta(days=3)),
-        "done": Task.objects.create(owner=alice, title="Pay rent", status="done",
-                                    due=today - timedelta(days=5)),
+        "late": Task.objects.create(
+            owner=alice, title="Renew passport", due=today - timedelta(days=2)
+        ),
+        "soon": Task.objects.create(
+            owner=alice,
+            title="Call dentist",
+            notes="about the crown",
+            due=today + timedelta(days=3),
+        ),
+        "done": Task.objects.create(
+            owner=alice, title="Pay rent", status="done", due=today - timedelta(days=5)
+        ),
         "someday": Task.objects.create(owner=alice, title="Learn the cello"),
         "bobs": Task.objects.create(owner=bob, title="Bob's dentist", due=today),
     }
@@ -47,7 +54,9 @@ class TestSearch:
         result = ok("tasks.search", {"overdue": True})
         assert titles(result) == ["Renew passport"] and result["tasks"][0]["overdue"] is True
         assert titles(ok("tasks.search", {"overdue": False})) == [
-            "Pay rent", "Call dentist", "Learn the cello"
+            "Pay rent",
+            "Call dentist",
+            "Learn the cello",
         ]
 
     def test_status_and_due_range(self, ok, tasks):
@@ -68,8 +77,14 @@ class TestCreate:
         result = ok("tasks.create", {"title": "Buy milk", "notes": "oat", "due": days(1)})
         task = Task.objects.get(owner=alice)
         assert result["task"] == {
-            "id": task.pk, "title": "Buy milk", "notes": "oat", "status": "open", "due": days(1),
-            "overdue": False, "created_at": result["task"]["created_at"], "completed_at": None,
+            "id": task.pk,
+            "title": "Buy milk",
+            "notes": "oat",
+            "status": "open",
+            "due": days(1),
+            "overdue": False,
+            "created_at": result["task"]["created_at"],
+            "completed_at": None,
         }
 
     def test_replay_creates_one_task(self, call, alice):

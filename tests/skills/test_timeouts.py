@@ -48,9 +48,8 @@ def no_timer():
 
 def test_interrupts_a_block_that_runs_too_long(no_timer):
     started = time.monotonic()
-    with pytest.raises(SkillTimeout, match=r"did not finish within 0.05 s"):
-        with deadline(0.05):
-            time.sleep(2)
+    with pytest.raises(SkillTimeout, match=r"did not finish within 0.05 s"), deadline(0.05):
+        time.sleep(2)
     assert time.monotonic() - started < 1
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
@@ -75,9 +74,8 @@ def test_an_enclosing_timer_is_restored_with_its_time_left(worker_timer):
 def test_an_enclosing_timer_that_is_sooner_still_fires(worker_timer):
     worker_timer(0.05)
     started = time.monotonic()
-    with pytest.raises(WorkerTimeout):
-        with deadline(10):
-            time.sleep(2)
+    with pytest.raises(WorkerTimeout), deadline(10):
+        time.sleep(2)
     assert time.monotonic() - started < 1
 
 
@@ -113,12 +111,19 @@ def test_a_query_is_never_interrupted_half_way(db, no_timer):
     PostgreSQL cancelled it), and after rolling back to a savepoint, as the executor
     does, the connection goes on working."""
     counted = []
-    slow = ("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 1000000) "
-            "SELECT count(*) FROM n")
-    with pytest.raises(SkillTimeout), transaction.atomic(), deadline(0.01):
-        with connection.cursor() as cursor:
-            cursor.execute(slow if connection.vendor == "sqlite" else "SELECT pg_sleep(1), 1")
-            counted.append(cursor.fetchone())
+    slow = (
+        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 1000000) "
+        "SELECT count(*) FROM n"
+    )
+    query = slow if connection.vendor == "sqlite" else "SELECT pg_sleep(1), 1"
+    with (
+        pytest.raises(SkillTimeout),
+        transaction.atomic(),
+        deadline(0.01),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(query)
+        counted.append(cursor.fetchone())
     assert counted == []  # the block stopped right after the query
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")

@@ -15,7 +15,9 @@ def test_enum_is_exactly_the_granted_skills_sorted():
     parameters = tool["function"]["parameters"]
     assert tool["type"] == "function" and tool["function"]["name"] == "use_skill"
     assert parameters["properties"]["skill"]["enum"] == [
-        "calendar.list_events", "tasks.create", "tasks.search"
+        "calendar.list_events",
+        "tasks.create",
+        "tasks.search",
     ]
     assert parameters["properties"]["arguments"]["type"] == "object"
     assert parameters["required"] == ["skill", "arguments"]

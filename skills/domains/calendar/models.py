@@ -28,7 +28,9 @@ class CalendarEvent(models.Model):
 
     class Meta:
         ordering = ["start", "id"]
-        indexes = [models.Index(fields=["owner", "status", "start"], name="event_owner_status_start")]
+        indexes = [
+            models.Index(fields=["owner", "status", "start"], name="event_owner_status_start")
+        ]
 
     def __str__(self) -> str:
         return f"{self.title} ({self.start:%Y-%m-%d %H:%M})"

@@ -25,9 +25,7 @@ def files_list(user, *, path: str = "") -> dict:
     }
 
 
-def files_read(
-    user, *, path: str, offset: int = 0, max_chars: int = READ_CHARS_DEFAULT
-) -> dict:
+def files_read(user, *, path: str, offset: int = 0, max_chars: int = READ_CHARS_DEFAULT) -> dict:
     root, target = resolve(user, path)
     data = read_bytes(target, shown=path)
     try:
@@ -108,13 +106,17 @@ DOMAIN = Domain(
         Skill(
             name="files.write",
             description="Create or replace a text file (folders are created as needed).",
-            parameters=schema.params({"path": _FILE_PATH, "content": _CONTENT}, required=("path", "content")),
+            parameters=schema.params(
+                {"path": _FILE_PATH, "content": _CONTENT}, required=("path", "content")
+            ),
             handler=files_write,
         ),
         Skill(
             name="files.append",
             description="Add text to the end of a file, creating it if needed.",
-            parameters=schema.params({"path": _FILE_PATH, "content": _CONTENT}, required=("path", "content")),
+            parameters=schema.params(
+                {"path": _FILE_PATH, "content": _CONTENT}, required=("path", "content")
+            ),
             handler=files_append,
         ),
     ),
