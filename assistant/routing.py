@@ -1,3 +1,7 @@
-"""WebSocket routes. The live dashboard consumer arrives with the dashboard work."""
+from django.urls import path
 
-websocket_urlpatterns: list = []
+from assistant.consumers import ConversationConsumer
+
+websocket_urlpatterns = [
+    path("ws/conversations/<int:conversation_id>/", ConversationConsumer.as_asgi()),
+]

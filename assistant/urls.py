@@ -19,6 +19,12 @@ urlpatterns = [
         views.turn_stop_view,
         name="turn_stop",
     ),
+    path("conversations/<int:conversation_id>/audit/", views.conversation_audit, name="conversation_audit"),
+    path(
+        "conversations/<int:conversation_id>/audit.json",
+        views.conversation_export,
+        name="conversation_export",
+    ),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.html import escape
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant.decorators import owned_conversation
+from assistant.live import panel_context
+from orchestration.audit import conversation_audit, turn_audit
 from orchestration import selectors, services
 from orchestration.pauses import AlreadyAnswered, turn_continue
 from orchestration.turns import TurnRefused, turn_start, turn_stop
@@ -31,16 +34,24 @@ def conversation_create(request):
 @require_GET
 @owned_conversation
 def conversation_detail(request, conversation):
-    return render(
-        request,
-        "conversations/detail.html",
-        {
-            "conversation": conversation,
-            "messages_": selectors.visible_messages(conversation=conversation),
-            "active_turn": selectors.active_turn(conversation=conversation),
-            "pause": selectors.open_pause(conversation=conversation),
-        },
-    )
+    timeline, last_event_id = selectors.timeline_groups(conversation=conversation)
+    context = {**panel_context(conversation), "oob": False, "timeline": timeline, "last_event_id": last_event_id}
+    return render(request, "conversations/detail.html", context)
+
+
+def _after_change(request, conversation, error: str = ""):
+    """htmx gets the fresh panels as out-of-band swaps; a plain form gets a redirect."""
+    if request.htmx:
+        response = render(request, "conversations/panels.html", panel_context(conversation))
+        if error:
+            response.status_code = 409
+            response.content = f'<p class="notice error" id="composer-error">{escape(error)}</p>'.encode()
+            response["HX-Retarget"] = "#composer-error-slot"
+            response["HX-Reswap"] = "innerHTML"
+        return response
+    if error:
+        messages.error(request, error)
+    return redirect(conversation)
 
 
 @require_POST
@@ -49,8 +60,8 @@ def message_send(request, conversation):
     try:
         turn_start(conversation=conversation, text=request.POST.get("text", ""))
     except TurnRefused as exc:
-        messages.error(request, str(exc))
-    return redirect(conversation)
+        return _after_change(request, conversation, str(exc))
+    return _after_change(request, conversation)
 
 
 @require_POST
@@ -60,9 +71,8 @@ def turn_continue_view(request, conversation, turn_id: int):
     try:
         turn_continue(turn=turn, user=request.user)
     except (AlreadyAnswered, TurnRefused) as exc:
-        messages.warning(request, str(exc))
-        return redirect(conversation) if not request.htmx else HttpResponse(str(exc), status=409)
-    return redirect(conversation)
+        return _after_change(request, conversation, str(exc))
+    return _after_change(request, conversation)
 
 
 @require_POST
@@ -72,9 +82,24 @@ def turn_stop_view(request, conversation, turn_id: int):
     try:
         turn_stop(turn=turn, user=request.user)
     except TurnRefused as exc:
-        messages.warning(request, str(exc))
-        return redirect(conversation) if not request.htmx else HttpResponse(str(exc), status=409)
-    return redirect(conversation)
+        return _after_change(request, conversation, str(exc))
+    return _after_change(request, conversation)
+
+
+@require_GET
+@owned_conversation
+def conversation_audit(request, conversation):
+    turns = conversation.turns.prefetch_related("dispatches__skill_executions", "pauses")
+    audit = [turn_audit(turn) for turn in turns]
+    return render(request, "conversations/audit.html", {"conversation": conversation, "turns": audit})
+
+
+@require_GET
+@owned_conversation
+def conversation_export(request, conversation):
+    response = JsonResponse(conversation_audit(conversation), json_dumps_params={"indent": 2})
+    response["Content-Disposition"] = f'attachment; filename="conversation-{conversation.pk}-audit.json"'
+    return response
 
 
 @require_GET

@@ -36,3 +36,76 @@ def open_pause(*, conversation: Conversation):
         .select_related("turn")
         .first()
     )
+
+
+def answered_pauses(*, conversation: Conversation):
+    from orchestration.models import TurnPause
+
+    return (
+        TurnPause.objects.filter(turn__conversation=conversation)
+        .exclude(decision="")
+        .select_related("decided_by", "turn")
+        .order_by("-decided_at")[:5]
+    )
+
+
+def agent_graph(*, turn) -> list[dict]:
+    """The turn's dispatches as a tree: each node with its state and its children."""
+    dispatches = list(turn.dispatches.all())
+
+    def children(parent_id):
+        return [
+            {"dispatch": d, "state": display_state(d), "children": children(d.pk)}
+            for d in dispatches
+            if d.parent_id == parent_id
+        ]
+
+    return children(None)
+
+
+def display_state(dispatch) -> str:
+    """closed is bookkeeping; people want to see how it ended."""
+    if dispatch.state == "closed":
+        return {"budget_exceeded": "completed", "": "closed"}.get(dispatch.outcome, dispatch.outcome)
+    if dispatch.state == "waiting_for_merge":
+        return "waiting"
+    return dispatch.state
+
+
+def conversation_usage(*, conversation: Conversation) -> dict:
+    from django.conf import settings
+    from django.db.models import Sum
+
+    totals = conversation.turns.aggregate(
+        prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cached=Sum("cached_tokens")
+    )
+    prompt, completion = totals["prompt"] or 0, totals["completion"] or 0
+    cost = (
+        prompt * settings.ASSISTANT_PRICE_PROMPT_PER_MTOK
+        + completion * settings.ASSISTANT_PRICE_COMPLETION_PER_MTOK
+    ) / 1_000_000
+    return {"prompt": prompt, "completion": completion, "cached": totals["cached"] or 0,
+            "total": prompt + completion, "cost": cost}
+
+
+def timeline(*, conversation: Conversation):
+    """Every event of the conversation, oldest first, for the first render of the page."""
+    return conversation.events.select_related("dispatch", "turn").order_by("id")
+
+
+def timeline_groups(*, conversation: Conversation) -> tuple[list[dict], int]:
+    """The timeline grouped by turn, then by sub-agent; and the last event id shown."""
+    turns: dict = {}
+    dispatch_groups: dict = {}
+    last_id = 0
+    for event in timeline(conversation=conversation):
+        last_id = event.pk
+        group = turns.setdefault(event.turn_id, {"turn": event.turn, "items": []})
+        if event.dispatch_id is None:
+            group["items"].append({"event": event})
+            continue
+        if event.dispatch_id not in dispatch_groups:
+            dispatch_groups[event.dispatch_id] = {"dispatch": event.dispatch, "events": []}
+            group["items"].append(dispatch_groups[event.dispatch_id])
+        dispatch_groups[event.dispatch_id]["events"].append(event)
+    return list(turns.values()), last_id

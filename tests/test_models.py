@@ -74,7 +74,7 @@ class TestEventsAreAppendOnly:
 def test_profile_edit_bumps_version(db):
     from orchestration.models import AgentProfile
 
-    profile = AgentProfile.objects.create(name="researcher", system_prompt="Find facts.")
+    profile = AgentProfile.objects.create(name="analyst", system_prompt="Find facts.")
     assert profile.version == 1
     profile.system_prompt = "Find facts, cite sources."
     profile.save()

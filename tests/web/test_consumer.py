@@ -1,0 +1,102 @@
+"""The dashboard socket: auth, ownership, replay after the last id, order, live pushes."""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+
+from assistant.routing import websocket_urlpatterns
+from orchestration.events import event_record
+from orchestration.models import Event
+from tests.factories import conversation_for, turn_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+application = URLRouter(websocket_urlpatterns)
+
+
+def communicator(conversation_id: int, user=None, last: int | None = None) -> WebsocketCommunicator:
+    path = f"/ws/conversations/{conversation_id}/" + (f"?last={last}" if last is not None else "")
+    comm = WebsocketCommunicator(application, path)
+    comm.scope["user"] = user
+    comm.scope["url_route"] = {"kwargs": {"conversation_id": conversation_id}}
+    return comm
+
+
+@pytest.fixture
+def trail(alice):
+    conversation = conversation_for(alice)
+    turn = turn_for(conversation)
+    events = [
+        Event.objects.create(conversation=conversation, turn=turn, type="turn.started", summary="Turn 1 started"),
+        Event.objects.create(conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="call one"),
+        Event.objects.create(conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="call two"),
+    ]
+    return conversation, turn, events
+
+
+async def test_anonymous_socket_is_closed_4403(trail):
+    from django.contrib.auth.models import AnonymousUser
+
+    conversation, _, _ = trail
+    comm = communicator(conversation.pk, AnonymousUser())
+    connected, _ = await comm.connect()
+    assert connected
+    assert await comm.receive_output() == {"type": "websocket.close", "code": 4403}
+
+
+async def test_other_users_socket_is_closed_4403(trail, bob):
+    conversation, _, _ = trail
+    comm = communicator(conversation.pk, bob)
+    await comm.connect()
+    assert (await comm.receive_output())["code"] == 4403
+
+
+async def test_owner_gets_every_event_in_order(trail, alice):
+    conversation, _, events = trail
+    comm = communicator(conversation.pk, alice)
+    connected, _ = await comm.connect()
+    assert connected
+    html = await comm.receive_from()
+    positions = [html.index(f'id="event-{e.pk}"') for e in events]
+    assert positions == sorted(positions)
+    assert 'hx-swap-oob="beforeend:#timeline"' in html  # the turn group is created first
+    assert 'id="agent-graph"' in html and 'id="messages"' in html
+    await comm.disconnect()
+
+
+async def test_replay_starts_after_the_last_id(trail, alice):
+    conversation, _, events = trail
+    comm = communicator(conversation.pk, alice, last=events[1].pk)
+    await comm.connect()
+    html = await comm.receive_from()
+    assert f'id="event-{events[2].pk}"' in html
+    assert f'id="event-{events[0].pk}"' not in html and f'id="event-{events[1].pk}"' not in html
+    await comm.disconnect()
+
+
+async def test_live_event_is_pushed_once(trail, alice):
+    conversation, turn, events = trail
+    comm = communicator(conversation.pk, alice, last=events[-1].pk)
+    await comm.connect()
+    assert await comm.receive_nothing(timeout=0.5)
+    new = await database_sync_to_async(
+        lambda: event_record(type="turn.completed", turn=turn, summary="Turn 1 answered")
+    )()
+    html = await comm.receive_from(timeout=3)
+    assert f'id="event-{new.pk}"' in html
+    assert html.count(f'id="event-{new.pk}"') == 1
+    assert await comm.receive_nothing(timeout=0.6)  # the poll does not send it again
+    await comm.disconnect()
+
+
+async def test_nonsense_last_id_replays_everything(trail, alice):
+    conversation, _, events = trail
+    comm = communicator(conversation.pk, alice)
+    comm.scope["query_string"] = b"last=abc"
+    await comm.connect()
+    html = await comm.receive_from()
+    assert all(f'id="event-{e.pk}"' in html for e in events)
+    await comm.disconnect()
