@@ -177,9 +177,14 @@ def _report(results: list[dict]) -> str:
 
 def _humanize(result) -> str:
     if isinstance(result, dict):
-        for key in ("tasks", "events", "emails", "memories", "files"):
-            items = result.get(key)
-            if isinstance(items, list):
+        for key, item in result.items():  # one record: "email", "event", "task", ...
+            if isinstance(item, dict):
+                line = f"{key} #{item.get('id', '?')}: {_one_line(item)}"
+                if result.get("overlaps"):
+                    line += f" — overlaps {len(result['overlaps'])} other event(s)"
+                return line
+        for key, items in result.items():  # a search: "tasks", "events", ...
+            if isinstance(items, list) and all(isinstance(item, dict) for item in items):
                 if not items:
                     return f"No {key} found."
                 rows = [_one_line(item) for item in items[:20]]
@@ -191,5 +196,9 @@ def _one_line(item) -> str:
     if not isinstance(item, dict):
         return str(item)
     label = item.get("title") or item.get("subject") or item.get("text") or item.get("name") or item.get("path") or ""
-    extras = [f"{k}: {item[k]}" for k in ("due", "start", "to", "status") if item.get(k)]
+    extras = [f"{k}: {_plain(item[k])}" for k in ("due", "start", "to", "status") if item.get(k)]
     return f"{label} ({'; '.join(str(e) for e in extras)})" if extras else str(label)
+
+
+def _plain(value) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
