@@ -21,6 +21,7 @@ migrate: install
 
 demo: migrate
 	$(BIN)/python manage.py demo_user
+	$(BIN)/python manage.py seed_demo --user demo
 
 ## Install, migrate, create the demo login, then run the web server and a worker.
 run: demo
