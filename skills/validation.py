@@ -156,7 +156,11 @@ def _describe(error: ValidationError) -> list[str]:
     if keyword == "uniqueItems":
         return [f"{where} must not repeat items"]
     if keyword == "pattern":
-        return [f"{where} has an invalid format ({error.schema.get('description', expected)})"]
+        # The field's description says in words what the pattern says in symbols.
+        meaning = error.schema.get("description")
+        return [
+            f"{where} does not match {json.dumps(expected)}" + (f": {meaning}" if meaning else "")
+        ]
     return [f"{where}: {error.message}"]
 
 

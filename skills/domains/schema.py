@@ -21,6 +21,7 @@ def text(description: str, *, max_length: int, min_length: int = 0, one_line: bo
     if min_length:
         schema["minLength"] = min_length
     if one_line:
+        schema["description"] += " One line."
         schema["pattern"] = r"^[^\r\n]*$"
     return schema
 

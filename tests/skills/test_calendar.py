@@ -9,8 +9,6 @@ from django.utils import timezone
 
 from skills.models import CalendarEvent
 
-UTC = UTC
-
 
 def at(day: int, hour: int, minute: int = 0) -> datetime:
     return datetime(2030, 5, day, hour, minute, tzinfo=UTC)

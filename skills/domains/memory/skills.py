@@ -44,7 +44,7 @@ def _data(memory: Memory, *, score: float | None = None) -> dict:
 
 _TAG = {
     "type": "string",
-    "description": "letters, digits, - and _",
+    "description": "A tag: letters, digits, - and _.",
     "pattern": "^[A-Za-z0-9_-]+$",
     "maxLength": 40,
 }
