@@ -76,6 +76,13 @@ class TestListEvents:
         huge = call("calendar.list_events", {"start": "2030-01-01", "end": "2032-01-01"})
         assert huge.error == "the range may span at most 366 days"
 
+    def test_replay_answers_as_the_first_time(self, call, events, alice):
+        arguments = {"start": "2030-05-06", "end": "2030-05-07"}
+        first = call("calendar.list_events", arguments, tool_call_id="l1")
+        event(alice, "Added since", at(6, 18))
+        again = call("calendar.list_events", arguments, tool_call_id="l1")
+        assert again.replayed and again.data == first.data and again.data["total"] == 2
+
     def test_bob_sees_only_his_own(self, ok, events, bob):
         result = ok("calendar.list_events", {"start": "2030-05-06", "end": "2030-05-07"}, user=bob)
         assert titles(result) == ["Bob's meeting"]

@@ -96,6 +96,12 @@ class TestSearchSent:
         result = ok("email.search_sent", {"limit": 1})
         assert [e["subject"] for e in result["emails"]] == ["Lunch"] and result["total"] == 2
 
+    def test_replay_answers_as_the_first_time(self, call, ok, sent):
+        first = call("email.search_sent", {}, tool_call_id="s1")
+        ok("email.send", {"to": ["sam@example.com"], "subject": "Sent since", "body": "x"})
+        again = call("email.search_sent", {}, tool_call_id="s1")
+        assert again.replayed and again.data == first.data and again.data["total"] == 2
+
     def test_bob_sees_only_his_own(self, ok, sent, bob):
         result = ok("email.search_sent", {"recipient": "finance"}, user=bob)
         assert [e["subject"] for e in result["emails"]] == ["Bob's report"]

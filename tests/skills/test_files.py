@@ -97,6 +97,20 @@ class TestWriteReadList:
         outcome = call(skill, arguments)
         assert outcome.error.startswith(error), outcome.error
 
+    def test_replayed_reads_and_writes_answer_as_the_first_time(self, call, ok, root):
+        calls = [
+            ("files.write", {"path": "a.txt", "content": "one"}),
+            ("files.list", {}),
+            ("files.read", {"path": "a.txt"}),
+        ]
+        firsts = [call(skill, arguments, tool_call_id=skill) for skill, arguments in calls]
+        ok("files.write", {"path": "a.txt", "content": "two, written since"})
+        ok("files.write", {"path": "b.txt", "content": "new"})
+        for (skill, arguments), first in zip(calls, firsts, strict=True):
+            again = call(skill, arguments, tool_call_id=skill)
+            assert again.replayed and again.data == first.data, skill
+        assert (root / "a.txt").read_text() == "two, written since"
+
     def test_replayed_append_appends_once(self, call, root):
         call("files.append", {"path": "log.txt", "content": "once\n"}, tool_call_id="c1")
         again = call("files.append", {"path": "log.txt", "content": "once\n"}, tool_call_id="c1")

@@ -82,6 +82,12 @@ class TestSearch:
             call("memory.search", {"query": "?!"}).error == "the query has no words to search for"
         )
 
+    def test_replay_answers_as_the_first_time(self, call, memories, alice):
+        first = call("memory.search", {"query": "jazz"}, tool_call_id="s1")
+        Memory.objects.create(owner=alice, text="More jazz, saved since")
+        again = call("memory.search", {"query": "jazz"}, tool_call_id="s1")
+        assert again.replayed and again.data == first.data and len(again.data["memories"]) == 1
+
     def test_bob_finds_only_his_own(self, ok, memories, bob):
         assert texts(ok("memory.search", {"query": "dentist"}, user=bob)) == [memories["bobs"].text]
 

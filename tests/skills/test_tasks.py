@@ -68,6 +68,12 @@ class TestSearch:
         result = ok("tasks.search", {"limit": 1})
         assert len(result["tasks"]) == 1 and result["total"] == 4
 
+    def test_replay_answers_as_the_first_time(self, call, tasks, alice):
+        first = call("tasks.search", {}, tool_call_id="s1")
+        Task.objects.create(owner=alice, title="Added since")
+        again = call("tasks.search", {}, tool_call_id="s1")
+        assert again.replayed and again.data == first.data and again.data["total"] == 4
+
     def test_bob_sees_only_his_own(self, ok, tasks, bob):
         assert titles(ok("tasks.search", {"text": "dentist"}, user=bob)) == ["Bob's dentist"]
 
