@@ -12,6 +12,7 @@ from graphlib import CycleError, TopologicalSorter
 
 from django.conf import settings
 
+from orchestration.events import event_record
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import ToolCall
 from orchestration.models import AgentDispatch, AgentProfile, Turn
@@ -51,13 +52,17 @@ def plan_batch(
             item.error = _skill_problem(spec["skills"], item.profile, allowed_for_parent)
         planned.append(item)
 
-    existing = {d.agent_id: d for d in turn.dispatches.all()}
+    # agent_ids are unique in the whole turn, but an agent may only depend on its
+    # siblings (same parent): the orchestrator's agents on each other, a delegating
+    # agent's children on each other. Anything else could wait on its own parent.
+    used = set(turn.dispatches.values_list("agent_id", flat=True))
+    siblings = {d.agent_id: d for d in turn.dispatches.filter(parent=parent)}
     seen: set[str] = set()
     for item in planned:
         if item.error:
             continue
         agent_id = item.spec["agent_id"]
-        if agent_id in existing or agent_id in seen:
+        if agent_id in used or agent_id in seen:
             item.error = f"agent_id {agent_id!r} is already used in this turn; choose another."
         seen.add(agent_id)
 
@@ -65,13 +70,13 @@ def plan_batch(
     for item in planned:
         if item.error:
             continue
-        unknown = [dep for dep in item.spec.get("depends_on", []) if dep not in existing and dep not in batch_ids]
+        unknown = [dep for dep in item.spec.get("depends_on", []) if dep not in siblings and dep not in batch_ids]
         if unknown:
-            known = sorted(set(existing) | batch_ids)
+            known = sorted(set(siblings) | batch_ids)
             item.error = (
                 f"depends_on names unknown agents {unknown}; known agent_ids: {known or 'none'}."
             )
-    _refuse_cycles(planned, existing)
+    _refuse_cycles(planned, siblings)
     return planned
 
 
@@ -133,14 +138,29 @@ def reserve_agents(*, turn: Turn, count: int) -> None:
         )
 
 
-def contract_for(*, turn: Turn, spec: dict, profile: AgentProfile | None, depth: int, task_prompt: str) -> dict:
-    """The delegation contract of seed 003, stored on the dispatch."""
+def contract_for(
+    *,
+    turn: Turn,
+    spec: dict,
+    profile: AgentProfile | None,
+    depth: int,
+    task_prompt: str,
+    parent: AgentDispatch | None = None,
+    step_idx: int | None = None,
+) -> dict:
+    """The delegation contract of seed 003, stored on the dispatch.
+
+    The parent run is the turn's orchestrator, or for a nested agent the dispatch that
+    delegated to it (and `step_idx` that agent's step).
+    """
     limits = Limits.from_json(turn.limits)
     can_spawn = bool(profile and profile.may_delegate) and depth < limits.max_delegation_depth
+    run_id = f"turn-{turn.pk}" + (f"/agent-{parent.agent_id}" if parent else "")
     return {
         "parent": {
-            "run_id": f"turn-{turn.pk}",
-            "step_idx": turn.llm_iterations,
+            "run_id": run_id,
+            "agent_id": parent.agent_id if parent else None,
+            "step_idx": turn.llm_iterations if step_idx is None else step_idx,
             "task_prompt": task_prompt,
             "goal_summary": task_prompt[:200],
         },
@@ -161,6 +181,65 @@ def contract_for(*, turn: Turn, spec: dict, profile: AgentProfile | None, depth:
         },
         "outputs": {"report_format": "markdown"},
     }
+
+
+def dispatch_create(
+    *,
+    turn: Turn,
+    item: Planned,
+    task_prompt: str,
+    parent: AgentDispatch | None = None,
+    step_idx: int | None = None,
+) -> AgentDispatch:
+    """Create one validated dispatch (top-level, or a child of `parent`) and its event.
+
+    The caller holds the turn lock and has reserved the agent slot.
+    """
+    limits = Limits.from_json(turn.limits)
+    spec, profile = item.spec, item.profile
+    depth = (parent.depth + 1) if parent else 1
+    requested = spec.get("max_tool_calls") or (profile.max_tool_calls if profile else None)
+    dispatch = AgentDispatch.objects.create(
+        turn=turn,
+        agent_id=spec["agent_id"],
+        parent=parent,
+        depth=depth,
+        profile=profile,
+        profile_name=profile.name if profile else "",
+        profile_version=profile.version if profile else None,
+        model=model_for(profile),
+        mission=spec["mission"],
+        skills=sorted(spec["skills"]),
+        context=spec.get("context", ""),
+        depends_on=spec.get("depends_on", []),
+        max_tool_calls=limits.agent_tool_budget(requested),
+        contract=contract_for(
+            turn=turn, spec=spec, profile=profile, depth=depth, task_prompt=task_prompt,
+            parent=parent, step_idx=step_idx,
+        ),
+        tool_call_id=item.call.id,
+    )
+    waits = f", after {', '.join(dispatch.depends_on)}" if dispatch.depends_on else ""
+    by = f" (by {parent.agent_id})" if parent else ""
+    event_record(
+        type="agent.subagent_created",
+        dispatch=dispatch,
+        summary=f"{dispatch.agent_id} created{by}: {dispatch.mission[:120]}{waits}",
+        payload={
+            "sub_agent_id": dispatch.agent_id, "mission": dispatch.mission, "skills": dispatch.skills,
+            "depends_on": dispatch.depends_on, "max_tool_calls": dispatch.max_tool_calls,
+            "profile": dispatch.profile_name, "parent": parent.agent_id if parent else None,
+            "depth": depth, "contract": dispatch.contract,
+        },
+    )
+    return dispatch
+
+
+def can_delegate(dispatch: AgentDispatch, limits: Limits) -> bool:
+    """Whether this agent gets dispatch_agent / get_agent_results (its contract says so,
+    and the depth limit in force still allows a level below it)."""
+    permissions = (dispatch.contract or {}).get("permissions", {})
+    return bool(permissions.get("can_spawn_children")) and dispatch.depth < limits.max_delegation_depth
 
 
 def dispatch_result_json(agent_id: str) -> str:

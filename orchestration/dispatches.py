@@ -52,20 +52,25 @@ def lock_turn(turn_id: int) -> Turn:
 
 
 def dispatch_start_ready(turn: Turn) -> list[AgentDispatch]:
-    """Enqueue every created dispatch whose dependencies all succeeded."""
+    """Enqueue every created dispatch whose dependencies all succeeded and, for a
+    delegating agent waiting on its own agents, whose awaited agents are all terminal."""
     if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
         return []
     dispatches = list(turn.dispatches.all())
     by_id = {d.agent_id: d for d in dispatches}
-    ready = [
-        d
-        for d in dispatches
-        if d.state == DispatchState.CREATED
-        and all(dep in by_id and succeeded(by_id[dep]) for dep in d.depends_on)
-    ]
-    for dispatch in ready:
+
+    def ready(d: AgentDispatch) -> bool:
+        awaited = (d.awaiting or {}).get("agent_ids") or []
+        return (
+            d.state == DispatchState.CREATED
+            and all(dep in by_id and succeeded(by_id[dep]) for dep in d.depends_on)
+            and all(name not in by_id or is_terminal(by_id[name]) for name in awaited)
+        )
+
+    started = [d for d in dispatches if ready(d)]
+    for dispatch in started:
         enqueue_subagent(dispatch.pk)
-    return ready
+    return started
 
 
 def _transitive_dependents(dispatches: list[AgentDispatch], failed_id: str) -> list[AgentDispatch]:
@@ -108,6 +113,12 @@ def dispatch_settle(*, turn_id: int, dispatch_id: int) -> None:
     """After a dispatch became terminal: skip, start, wake (call inside a transaction)."""
     turn = lock_turn(turn_id)
     dispatch = AgentDispatch.objects.get(pk=dispatch_id)
+    if is_terminal(dispatch):
+        # A nested agent reports to its parent only: once the parent is done, nobody
+        # will read what its still-open agents produce.
+        for child in _open_descendants(dispatch):
+            dispatch_close(child, outcome=DispatchOutcome.CANCELLED,
+                           reason=f"cancelled: its parent {dispatch.agent_id} finished first")
     dispatches = list(turn.dispatches.all())
     if is_terminal(dispatch) and not succeeded(dispatch):
         for dependent in _transitive_dependents(dispatches, dispatch.agent_id):
@@ -119,6 +130,16 @@ def dispatch_settle(*, turn_id: int, dispatch_id: int) -> None:
                 )
     dispatch_start_ready(turn)
     orchestrator_wake_if_ready(turn)
+
+
+def _open_descendants(dispatch: AgentDispatch) -> list[AgentDispatch]:
+    found: list[AgentDispatch] = []
+    layer = [dispatch.pk]
+    while layer:
+        children = list(AgentDispatch.objects.filter(parent_id__in=layer))
+        found.extend(c for c in children if c.state in (DispatchState.CREATED, DispatchState.RUNNING))
+        layer = [c.pk for c in children]
+    return found
 
 
 def orchestrator_wake_if_ready(turn: Turn) -> bool:
@@ -157,6 +178,28 @@ def dispatch_merge(dispatch: AgentDispatch) -> None:
                 "close_reason": reason,
             },
         )
+
+
+def dispatch_results_collect(names: list[str], found: dict[str, AgentDispatch]) -> dict:
+    """get_agent_results' answer for terminal agents (DESIGN.md §3); reading a result
+    merges it (waiting_for_merge/failed → closed). Call with the turn locked."""
+    agents = []
+    for name in names:
+        dispatch = found.get(name)
+        if dispatch is None:
+            agents.append({"agent_id": name, "status": "not_found"})
+            continue
+        agents.append(
+            {
+                "agent_id": name,
+                "status": result_status(dispatch),
+                "result": dispatch.result,
+                "tool_calls_used": dispatch.tool_calls_used,
+                "duration_ms": dispatch.duration_ms,
+            }
+        )
+        dispatch_merge(dispatch)
+    return {"agents": agents}
 
 
 def dispatch_cancel_open(turn: Turn, *, reason: str) -> int:

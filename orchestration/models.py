@@ -261,6 +261,9 @@ class AgentDispatch(models.Model):
     lease_token = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # A delegating agent back in `created` until its own agents finish (no worker held):
+    # {"tool_call_id", "agent_ids"} of the get_agent_results call it is waiting on.
+    awaiting = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -19,9 +19,8 @@ from django.utils import timezone
 
 from orchestration import dispatches as lifecycle
 from orchestration.delegation import (
-    contract_for,
+    dispatch_create,
     dispatch_result_json,
-    model_for,
     plan_batch,
     profiles_by_name,
     reserve_agents,
@@ -32,7 +31,7 @@ from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.llm.base import tool_call_message
-from orchestration.models import AgentDispatch, LLMCall, Message, Turn, TurnStatus
+from orchestration.models import LLMCall, Message, Turn, TurnStatus
 from orchestration.pauses import turn_pause
 from orchestration.prompts import orchestrator_system_prompt
 from orchestration.toolcalls import error_json, parse_arguments
@@ -259,51 +258,14 @@ def _dispatch_batch(turn: Turn, token: str, calls: list[ToolCall]) -> None:
         heartbeat(Turn, turn.pk, token)
         planned = plan_batch(turn=turn, calls=calls)
         reserve_agents(turn=turn, count=sum(1 for item in planned if not item.error))
-        limits = Limits.from_json(turn.limits)
         for item in planned:
             if item.error:
                 content = error_json(item.error, agent_id=item.spec.get("agent_id"))
             else:
-                _create_dispatch(turn, item, limits, task_prompt)
+                dispatch_create(turn=turn, item=item, task_prompt=task_prompt)
                 content = dispatch_result_json(item.spec["agent_id"])
             message_append(turn=turn, role=Message.Role.TOOL, content=content, tool_call_id=item.call.id)
         lifecycle.dispatch_start_ready(turn)
-
-
-def _create_dispatch(turn: Turn, item, limits: Limits, task_prompt: str, parent: AgentDispatch | None = None) -> AgentDispatch:
-    spec, profile = item.spec, item.profile
-    depth = (parent.depth + 1) if parent else 1
-    requested = spec.get("max_tool_calls") or (profile.max_tool_calls if profile else None)
-    dispatch = AgentDispatch.objects.create(
-        turn=turn,
-        agent_id=spec["agent_id"],
-        parent=parent,
-        depth=depth,
-        profile=profile,
-        profile_name=profile.name if profile else "",
-        profile_version=profile.version if profile else None,
-        model=model_for(profile),
-        mission=spec["mission"],
-        skills=sorted(spec["skills"]),
-        context=spec.get("context", ""),
-        depends_on=spec.get("depends_on", []),
-        max_tool_calls=limits.agent_tool_budget(requested),
-        contract=contract_for(turn=turn, spec=spec, profile=profile, depth=depth, task_prompt=task_prompt),
-        tool_call_id=item.call.id,
-    )
-    waits = f", after {', '.join(dispatch.depends_on)}" if dispatch.depends_on else ""
-    event_record(
-        type="agent.subagent_created",
-        dispatch=dispatch,
-        summary=f"{dispatch.agent_id} created: {dispatch.mission[:120]}{waits}",
-        payload={
-            "sub_agent_id": dispatch.agent_id, "mission": dispatch.mission, "skills": dispatch.skills,
-            "depends_on": dispatch.depends_on, "max_tool_calls": dispatch.max_tool_calls,
-            "profile": dispatch.profile_name, "parent": parent.agent_id if parent else None,
-            "contract": dispatch.contract,
-        },
-    )
-    return dispatch
 
 
 def _agent_results(turn: Turn, token: str, call: ToolCall) -> str:
@@ -316,33 +278,17 @@ def _agent_results(turn: Turn, token: str, call: ToolCall) -> str:
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn.pk)
         heartbeat(Turn, turn.pk, token)
+        # Only the orchestrator's own agents: a nested agent reports to its parent.
         top_level = turn.dispatches.filter(parent__isnull=True)
         names = arguments.get("agent_ids") or list(top_level.values_list("agent_id", flat=True))
-        found = {d.agent_id: d for d in turn.dispatches.filter(agent_id__in=names)}
+        found = {d.agent_id: d for d in top_level.filter(agent_id__in=names)}
         if any(not lifecycle.is_terminal(d) for d in found.values()):
             Turn.objects.filter(pk=turn.pk, lease_token=token).update(
                 status=TurnStatus.WAITING, awaiting={"tool_call_id": call.id, "agent_ids": sorted(found)},
                 lease_token="", lease_expires_at=None, step_attempts=0,
             )
             return WAIT
-        agents = []
-        for name in names:
-            dispatch = found.get(name)
-            if dispatch is None:
-                agents.append({"agent_id": name, "status": "not_found"})
-                continue
-            agents.append(
-                {
-                    "agent_id": name,
-                    "status": lifecycle.result_status(dispatch),
-                    "result": dispatch.result,
-                    "tool_calls_used": dispatch.tool_calls_used,
-                    "duration_ms": dispatch.duration_ms,
-                }
-            )
-            lifecycle.dispatch_merge(dispatch)
-        message_append(
-            turn=turn, role=Message.Role.TOOL, content=json.dumps({"agents": agents}), tool_call_id=call.id
-        )
+        results = lifecycle.dispatch_results_collect(names, found)
+        message_append(turn=turn, role=Message.Role.TOOL, content=json.dumps(results), tool_call_id=call.id)
         Turn.objects.filter(pk=turn.pk).update(awaiting={})
     return AGAIN

@@ -45,8 +45,17 @@ def orchestrator_system_prompt(*, profiles: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
-def agent_system_prompt(*, profile_prompt: str = "") -> str:
+AGENT_DELEGATION = """\
+You may delegate parts of your mission: dispatch_agent starts a helper agent with a
+subset of your own skills, and get_agent_results waits for your helpers and returns
+their reports. Delegate only what is worth a separate agent, and collect your helpers'
+results before you report: helpers still running when you report are cancelled."""
+
+
+def agent_system_prompt(*, profile_prompt: str = "", delegates: bool = False) -> str:
     parts = [AGENT_STATIC]
+    if delegates:
+        parts.append(AGENT_DELEGATION)
     if profile_prompt:
         parts.append(f"Your role:\n{profile_prompt}")
     parts.append(f"Today is {timezone.localdate().isoformat()} ({timezone.get_current_timezone_name()}).")

@@ -2,8 +2,8 @@
 
 A running dispatch or orchestrator step whose lease expired is handed out again, up to
 ASSISTANT_MAX_STEP_ATTEMPTS deliveries; past that it is dead-lettered with an error the
-user sees. A waiting turn whose agents are all done is woken, in case its wake-up was
-lost with a worker.
+user sees. A waiting turn whose agents are all done is woken, and so is a delegating
+agent waiting on its own agents, in case the wake-up was lost with a worker.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 def reap_expired() -> dict:
     now = timezone.now()
-    counts = {"dispatches_requeued": 0, "dispatches_dead": 0, "turns_requeued": 0, "turns_dead": 0, "turns_woken": 0}
+    counts = {"dispatches_requeued": 0, "dispatches_dead": 0, "turns_requeued": 0, "turns_dead": 0, "turns_woken": 0,
+              "parents_woken": 0}
     for dispatch in AgentDispatch.objects.filter(state=DispatchState.RUNNING, lease_expires_at__lt=now):
         counts["dispatches_dead" if _reap_dispatch(dispatch) else "dispatches_requeued"] += 1
     for turn in Turn.objects.filter(status=TurnStatus.RUNNING, lease_expires_at__lt=now):
@@ -39,6 +40,13 @@ def reap_expired() -> dict:
     for turn in Turn.objects.filter(status=TurnStatus.WAITING):
         with transaction.atomic():
             counts["turns_woken"] += lifecycle.orchestrator_wake_if_ready(lifecycle.lock_turn(turn.pk))
+    waiting_parents = AgentDispatch.objects.filter(
+        state=DispatchState.CREATED, turn__status__in=[TurnStatus.RUNNING, TurnStatus.WAITING]
+    ).exclude(awaiting={})
+    for turn_id in set(waiting_parents.values_list("turn_id", flat=True)):
+        with transaction.atomic():
+            started = lifecycle.dispatch_start_ready(lifecycle.lock_turn(turn_id))
+            counts["parents_woken"] += sum(1 for d in started if d.awaiting)
     if any(counts.values()):
         logger.warning("Reaper: %s", counts)
     return counts

@@ -12,22 +12,25 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from orchestration import dispatches as lifecycle
+from orchestration import nesting
 from orchestration.budget import reserve_skill_call
+from orchestration.delegation import can_delegate
 from orchestration.events import event_record
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.limits import Limits, LimitTripped
-from orchestration.llm import LLMError, LLMResponse, get_provider
+from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
 from orchestration.pauses import turn_pause
 from orchestration.prompts import agent_system_prompt, agent_task_message
 from orchestration.toolcalls import error_json
+from orchestration.tooldefs import DISPATCH_AGENT, GET_AGENT_RESULTS
 from skills.executor import execute_skill
 from skills.tools import use_skill_tool
 
@@ -71,6 +74,8 @@ def subagent_run(*, dispatch_id: int) -> None:
         except Paused:
             _release(dispatch, token)
             return
+        except nesting.WaitForChildren:
+            return  # back in `created`; the agent finishing last wakes it
         except LimitTripped as trip:
             _release(dispatch, token)
             turn_pause(turn_id=dispatch.turn_id, trip=trip)
@@ -90,9 +95,10 @@ def subagent_run(*, dispatch_id: int) -> None:
 def _claim(dispatch_id: int) -> str | None:
     token = new_token()
     now = timezone.now()
+    awaited = AgentDispatch.objects.filter(pk=dispatch_id).values_list("awaiting", flat=True).first()
     claimed = AgentDispatch.objects.filter(pk=dispatch_id, state=DispatchState.CREATED).update(
         state=DispatchState.RUNNING, lease_token=token, lease_expires_at=lease_until(),
-        heartbeat_at=now, attempts=F("attempts") + 1,
+        heartbeat_at=now, attempts=F("attempts") + 1, awaiting={},
     )
     if not claimed:
         return None
@@ -103,9 +109,11 @@ def _claim(dispatch_id: int) -> str | None:
             event_record(type="agent.subagent_started", dispatch=dispatch, summary=f"{dispatch.agent_id} started",
                          payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts})
         else:
+            reason = "its agents finished" if awaited else "redelivered"
             event_record(type="agent.subagent_attempt", dispatch=dispatch,
-                         summary=f"{dispatch.agent_id} resumed (delivery {dispatch.attempts})",
-                         payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts, "reason": "redelivered"})
+                         summary=f"{dispatch.agent_id} resumed ({reason})",
+                         payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts, "reason": reason,
+                                  "awaited": (awaited or {}).get("agent_ids", [])})
     return token
 
 
@@ -143,10 +151,11 @@ def _check_turn(dispatch: AgentDispatch) -> None:
 def _loop(dispatch: AgentDispatch, token: str, limits: Limits) -> Finish:
     provider = get_provider()
     user = dispatch.turn.conversation.owner
-    tools = [use_skill_tool(dispatch.skills)]
+    delegates = can_delegate(dispatch, limits)
+    tools = [use_skill_tool(dispatch.skills)] + (nesting.tools_for(dispatch, limits) if delegates else [])
     profile_prompt = dispatch.profile.system_prompt if dispatch.profile else ""
     messages = [
-        {"role": "system", "content": agent_system_prompt(profile_prompt=profile_prompt)},
+        {"role": "system", "content": agent_system_prompt(profile_prompt=profile_prompt, delegates=delegates)},
         {"role": "user", "content": agent_task_message(
             mission=dispatch.mission, context=dispatch.context, prior_results=_prior_results(dispatch))},
     ]
@@ -172,11 +181,25 @@ def _loop(dispatch: AgentDispatch, token: str, limits: Limits) -> Finish:
                 return Finish(DispatchOutcome.COMPLETED, response.content)
             messages.append({"role": "user", "content": "Your reply was empty or cut off. Reply with a short report."})
             continue
+        dispatch_calls = [call for call in response.tool_calls if call.name == DISPATCH_AGENT]
+        dispatched = (
+            nesting.children_dispatch(dispatch=dispatch, token=token, calls=dispatch_calls, step=step)
+            if delegates and dispatch_calls else {}
+        )
         for call in response.tool_calls:
-            if used >= dispatch.max_tool_calls:
-                content = error_json("tool budget spent; no more tool calls are possible.")
+            if call.name in (DISPATCH_AGENT, GET_AGENT_RESULTS) and not delegates:
+                content = error_json(nesting.refusal(dispatch, limits))
+            elif call.name == DISPATCH_AGENT:
+                content = dispatched[call.id]
+            elif call.name == GET_AGENT_RESULTS:
+                _save_progress(dispatch, used, messages)
+                content = nesting.children_results(dispatch=dispatch, token=token, call=call, messages=messages)
             elif call.name != USE_SKILL:
-                content = error_json(f"unknown tool {call.name!r}; the only tool is use_skill.")
+                tools_text = ("the tools are use_skill, dispatch_agent and get_agent_results" if delegates
+                              else "the only tool is use_skill")
+                content = error_json(f"unknown tool {call.name!r}; {tools_text}.")
+            elif used >= dispatch.max_tool_calls:
+                content = error_json("tool budget spent; no more tool calls are possible.")
             else:
                 used += 1
                 content = _use_skill(dispatch, user, call)
@@ -196,6 +219,7 @@ def _stored_or_asked(dispatch, token, step, provider, messages, tools) -> LLMRes
     started = time.monotonic()
     response = provider.complete(model=dispatch.model, messages=messages, tools=tools)
     duration_ms = int((time.monotonic() - started) * 1000)
+    response = _unique_ids(response, messages, step)
     usage = {"prompt_tokens": response.usage.prompt_tokens, "completion_tokens": response.usage.completion_tokens,
              "cached_tokens": response.usage.cached_tokens}
     with transaction.atomic():
@@ -205,6 +229,21 @@ def _stored_or_asked(dispatch, token, step, provider, messages, tools) -> LLMRes
                                response=response.to_json(), duration_ms=duration_ms, **usage)
         lifecycle.turn_counter_add(dispatch.turn_id, **usage)
     return response
+
+
+def _unique_ids(response: LLMResponse, messages: list[dict], step: int) -> LLMResponse:
+    """Tool-call ids must be unique in the agent's history: they key its skill executions
+    and children. Some servers number calls per response ('call_0' every time); renamed
+    before the response is stored, so a replay sees the same ids."""
+    used = {c["id"] for m in messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []}
+    calls = []
+    for index, call in enumerate(response.tool_calls):
+        call_id = call.id or f"call_{step}_{index}"
+        while call_id in used:
+            call_id = f"{call_id}~{step}"
+        used.add(call_id)
+        calls.append(ToolCall(id=call_id, name=call.name, arguments=call.arguments))
+    return replace(response, tool_calls=calls)
 
 
 def _use_skill(dispatch: AgentDispatch, user, call) -> str:

@@ -67,7 +67,7 @@ def dispatch_agent_parameters(*, profile_names: list[str], max_tool_calls_cap: i
     }
 
 
-def get_agent_results_parameters() -> dict:
+def get_agent_results_parameters(*, default: str = "every agent of this turn") -> dict:
     return {
         "type": "object",
         "properties": {
@@ -75,7 +75,7 @@ def get_agent_results_parameters() -> dict:
                 "type": "array",
                 "items": {"type": "string", "maxLength": 64},
                 "maxItems": 50,
-                "description": "Omit to wait for every agent of this turn.",
+                "description": f"Omit to wait for {default}.",
             }
         },
         "additionalProperties": False,
@@ -102,5 +102,30 @@ def orchestrator_tools(*, profile_names: list[str], max_tool_calls_cap: int) -> 
             "Wait until the named agents (default: all of this turn) have finished and "
             "return their results.",
             get_agent_results_parameters(),
+        ),
+    ]
+
+
+def delegation_tools(*, profile_names: list[str], max_tool_calls_cap: int, depth: int, max_depth: int) -> list[dict]:
+    """dispatch_agent and get_agent_results as a delegating sub-agent sees them (DESIGN.md §6):
+    the orchestrator's shapes, scoped to the agent's own helpers and skills."""
+    last_level = depth + 1 >= max_depth
+    return [
+        _function(
+            DISPATCH_AGENT,
+            "Start a helper agent on part of your mission. Grant it only skills you have "
+            "yourself (those listed for use_skill). Returns at once; helpers run in parallel "
+            "unless depends_on orders them (depends_on may name only your own helpers)."
+            + (" Helpers cannot delegate further." if last_level else ""),
+            dispatch_agent_parameters(
+                profile_names=profile_names, max_tool_calls_cap=max_tool_calls_cap
+            ),
+        ),
+        _function(
+            GET_AGENT_RESULTS,
+            "Wait until your helper agents (default: all you dispatched) have finished and "
+            "return their reports. Call it before your own report: helpers still running "
+            "when you report are cancelled.",
+            get_agent_results_parameters(default="every helper you dispatched"),
         ),
     ]

@@ -313,3 +313,24 @@ def test_second_message_while_running_is_refused(transactional_db, alice):
     turn_start(conversation=conversation, text="first")  # not run: no worker, not inline
     with pytest.raises(TurnRefused, match="still running"):
         turn_start(conversation=conversation, text="second")
+
+
+def test_reused_tool_call_ids_still_run_each_call(llm, run_turn):
+    """Some servers number tool calls per response ('call_0' every time): each step's
+    call is still a new call, not a replay of the first one's stored result."""
+    plan = Plan([Agent("maker", ["tasks.create"], [("tasks.create", {"title": "one"}), ("tasks.create", {"title": "two"})])])
+
+    def respond(request):
+        reply = plan(request)
+        if is_agent(request, "maker") and reply.tool_calls:
+            reply.tool_calls = [("call_0", name, args) for _, name, args in reply.tool_calls]
+        return reply
+
+    llm.respond = respond
+    turn = run_turn()
+    assert turn.status == "completed", turn.error
+    assert sorted(Task.objects.values_list("title", flat=True)) == ["one", "two"]
+    maker = dispatch(turn, "maker")
+    assert SkillExecution.objects.filter(dispatch=maker).count() == 2
+    ids = [m["tool_call_id"] for m in maker.transcript if m["role"] == "tool"]
+    assert len(set(ids)) == 2
