@@ -317,3 +317,37 @@ def test_reaper_wakes_a_parent_whose_wake_up_was_lost(llm, queued, alice, lead_p
     turn.refresh_from_db()
     assert turn.status == "completed", turn.error
     assert "h done" in AgentDispatch.objects.get(agent_id="lead").result
+
+
+def test_stop_cancels_the_whole_tree(llm, queued, alice, lead_profile):
+    from django.db import connection
+
+    from orchestration.turns import turn_stop
+
+    inner = script(
+        orchestrator=orchestrator_for_lead(["tasks.create"]),
+        agents={
+            "lead": [dispatch_call("h", ["tasks.create"], "l1"), results_call("l2"), saw],
+            "h": [skill_call("h1", "tasks.create", {"title": "h's"}), text("done")],
+        },
+    )
+    at_stop = []
+
+    def respond(request):
+        if "use_skill" in tool_names(request) and agent_of(request) == "h" and not at_stop:
+            try:  # Stop while the lead waits for h and h waits for the model
+                turn_stop(turn=AgentDispatch.objects.get(agent_id="h").turn, user=alice)
+                at_stop.append(len(llm.requests))
+            finally:
+                connection.close()
+        return inner(request)
+
+    llm.respond = respond
+    turn = turn_start(conversation=conversation_for(alice), text="go")
+    queued()
+    turn.refresh_from_db()
+    assert turn.status == "stopped"
+    for dispatch in AgentDispatch.objects.all():
+        assert (dispatch.state, dispatch.outcome) == ("closed", "cancelled"), dispatch.agent_id
+    assert not Task.objects.exists()
+    assert len(llm.requests) == at_stop[0]
