@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install run test migrate demo clean
+.PHONY: install run test migrate demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,18 @@ run: demo
 ## Install everything the tests need, then run the whole suite.
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Benchmark on the embedded default and on PostgreSQL + Redis (scratch databases).
+BENCH_PG ?= postgres://postgres@127.0.0.1:5432/assistant_bench
+bench: install
+	$(BIN)/pip install --quiet -e '.[bench]'
+	rm -f var/bench/assistant-bench.sqlite3*
+	DATABASE_URL=sqlite:///$(abspath var/bench/assistant-bench.sqlite3) $(BIN)/python manage.py migrate --noinput -v0
+	DATABASE_URL=sqlite:///$(abspath var/bench/assistant-bench.sqlite3) $(BIN)/python manage.py bench --output bench-results/embedded.json $(BENCH_ARGS)
+	psql "$(dir $(BENCH_PG))postgres" -qc 'DROP DATABASE IF EXISTS $(notdir $(BENCH_PG))' -c 'CREATE DATABASE $(notdir $(BENCH_PG))'
+	DATABASE_URL=$(BENCH_PG) $(BIN)/python manage.py migrate --noinput -v0
+	DATABASE_URL=$(BENCH_PG) REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python manage.py bench --output bench-results/postgres-redis.json $(BENCH_ARGS)
+	$(BIN)/python manage.py bench --plot bench-results/embedded.json bench-results/postgres-redis.json
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

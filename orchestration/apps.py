@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class OrchestrationConfig(AppConfig):
     name = "orchestration"
     verbose_name = "Orchestration (audit trail)"
+
+    def ready(self):
+        from django_q.signals import post_spawn
+
+        from orchestration.warmup import warm_up
+
+        post_spawn.connect(warm_up, dispatch_uid="orchestration-warm-up")

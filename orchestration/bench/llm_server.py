@@ -1,9 +1,10 @@
-"""A scripted OpenAI-compatible Chat Completions server on 127.0.0.1, for tests.
+"""A scripted OpenAI-compatible Chat Completions server on 127.0.0.1.
 
-The real openai SDK talks HTTP to it. A test gives it a `respond(request) -> Reply`
-function; `Plan` builds one from a DAG of scripted agents. Responses depend only on the
-request, so replays and concurrent workers get consistent answers. An unscripted request
-fails loudly (HTTP 500 with the reason, and `errors` records it for the test to assert).
+The tests and the benchmark point the real openai SDK at it over HTTP. It answers with
+a `respond(request) -> Reply` function after `latency` seconds (concurrently: one thread
+per request); `Plan` builds such a function from a DAG of scripted agents. Responses
+depend only on the request, so replays and concurrent workers get consistent answers.
+An unscripted request fails loudly (HTTP 500 with the reason; `errors` records it).
 """
 
 from __future__ import annotations

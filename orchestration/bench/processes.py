@@ -1,0 +1,171 @@
+"""Start, watch and stop a real `manage.py qcluster` (the benchmark and the tests use it).
+
+Process tree: `qcluster` (its own session and process group) → the Sentinel → workers,
+monitor and pusher. `stop` sends SIGTERM, then SIGKILLs the whole group, so nothing is
+left behind. /proc gives CPU time and peak memory per process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db import connection
+
+STARTUP_SECONDS = 30
+STOP_SECONDS = 10
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class ProcessError(RuntimeError):
+    pass
+
+
+def database_url() -> str:
+    """The URL of the database this process uses (in tests: the test database)."""
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        if connection.is_in_memory_db():
+            raise ProcessError("the SQLite database is in memory; another process cannot see it")
+        return f"sqlite:///{db['NAME']}"
+    user = quote(db.get("USER") or "", safe="")
+    password = quote(db.get("PASSWORD") or "", safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = db.get("HOST") or "127.0.0.1"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{auth}{host}{port}/{quote(db['NAME'], safe='')}"
+
+
+@dataclass
+class ProcessStats:
+    pid: int
+    name: str
+    cpu_seconds: float
+    peak_rss_mb: float
+
+
+def process_stats(pid: int) -> ProcessStats | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat.rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+    hwm = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), "0")
+    return ProcessStats(pid=pid, name=name, cpu_seconds=cpu, peak_rss_mb=int(hwm) / 1024)
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    found, frontier = [], [root]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            found.append(child)
+            frontier.append(child)
+    return found
+
+
+class Cluster:
+    """A qcluster subprocess with its log in a file."""
+
+    def __init__(self, *, env: dict[str, str], log_path: Path, workers: int):
+        environment = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "assistant.settings",
+            "DATABASE_URL": database_url(),
+            "Q_WORKERS": str(workers),
+            "Q_SYNC": "0",
+            "Q_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "qcluster"],
+                cwd=settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if " running." in self.log():
+                return
+            if self.process.poll() is not None:
+                raise ProcessError(f"qcluster exited with {self.process.returncode}:\n{self.log_tail()}")
+            time.sleep(0.1)
+        raise ProcessError(f"qcluster not ready after {STARTUP_SECONDS}s:\n{self.log_tail()}")
+
+    def wait_idle(self, *, timeout: float = 60, settle_cpu: float = 0.05) -> float:
+        """Wait until the workers have warmed up (the group's CPU time stops growing).
+
+        Returns the seconds it took: the cold-start cost a first request would pay.
+        """
+        started = time.monotonic()
+        previous = -1.0
+        while time.monotonic() - started < timeout:
+            total = sum(s.cpu_seconds for s in self.stats())
+            if previous >= 0 and total - previous < settle_cpu:
+                return time.monotonic() - started
+            previous = total
+            time.sleep(0.5)
+        raise ProcessError(f"qcluster still busy after {timeout}s:\n{self.log_tail()}")
+
+    def stats(self) -> list[ProcessStats]:
+        found = [process_stats(pid) for pid in [self.pid, *descendants(self.pid)]]
+        return [s for s in found if s is not None]
+
+    def stop(self) -> None:
+        """SIGTERM (graceful: workers finish their task), then SIGKILL the whole group."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=STOP_SECONDS)
+        deadline = time.monotonic() + STOP_SECONDS
+        while _group_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

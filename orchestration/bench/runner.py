@@ -1,0 +1,137 @@
+"""Run a workload through a real qcluster and measure it (see workloads.py for the ideal)."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.utils import timezone
+from django_q.conf import Conf
+
+from orchestration.bench.llm_server import ScriptedLLM
+from orchestration.bench.processes import Cluster
+from orchestration.bench.workloads import Workload, wide
+from orchestration.models import AgentDispatch, Conversation, SkillExecution, Turn, TurnStatus
+from orchestration.turns import turn_start
+
+FINAL = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED)
+
+
+@dataclass
+class Result:
+    workload: str
+    setup: str
+    latency_ms: int
+    workers: int
+    makespan_s: float
+    ideal_s: float
+    ratio: float
+    llm_requests: int
+    expected_llm_requests: int
+    cpu_s_per_llm_call: float
+    peak_rss_mb: dict
+    turns_completed: int
+    turns: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_workload(*, workload: Workload, latency_ms: int, server: ScriptedLLM, cluster: Cluster,
+                 setup: str, workers: int, timeout: float = 300) -> Result:
+    server.respond = workload.plan()
+    server.latency = latency_ms / 1000
+    requests_before = len(server.requests)
+    cpu_before = _cpu(cluster)
+    users = [_bench_user(i) for i in range(workload.conversations)]
+    conversations = [Conversation.objects.create(owner=user, title=f"bench {workload.name}") for user in users]
+    turns = [turn_start(conversation=c, text=f"run {workload.name}") for c in conversations]
+    deadline = time.monotonic() + timeout
+    while Turn.objects.filter(pk__in=[t.pk for t in turns]).exclude(status__in=FINAL).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{workload.name}: turns unfinished after {timeout}s\n{cluster.log_tail()}")
+        time.sleep(0.02)
+    done = list(Turn.objects.filter(pk__in=[t.pk for t in turns]))
+    makespan = (max(t.finished_at for t in done) - min(t.started_at for t in done)).total_seconds()
+    ideal = statistics.mean(workload.ideal_seconds(latency_ms / 1000, _skill_seconds(t)) for t in done)
+    requests = len(server.requests) - requests_before
+    cpu = _cpu(cluster) - cpu_before
+    peaks: dict[str, float] = {}
+    for stats in cluster.stats():
+        peaks[stats.name] = max(peaks.get(stats.name, 0.0), round(stats.peak_rss_mb, 1))
+    peaks["bench (web role)"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return Result(
+        workload=workload.name, setup=setup, latency_ms=latency_ms, workers=workers,
+        makespan_s=round(makespan, 3), ideal_s=round(ideal, 3), ratio=round(makespan / ideal, 3),
+        llm_requests=requests, expected_llm_requests=workload.expected_llm_requests,
+        cpu_s_per_llm_call=round(cpu / max(requests, 1), 4), peak_rss_mb=peaks,
+        turns_completed=sum(t.status == TurnStatus.COMPLETED for t in done), turns=len(done),
+    )
+
+
+def _cpu(cluster: Cluster) -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return sum(s.cpu_seconds for s in cluster.stats()) + usage.ru_utime + usage.ru_stime
+
+
+def _skill_seconds(turn: Turn) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for agent_id, duration in SkillExecution.objects.filter(dispatch__turn=turn).values_list(
+        "dispatch__agent_id", "duration_ms"
+    ):
+        totals[agent_id] = totals.get(agent_id, 0.0) + (duration or 0) / 1000
+    return totals
+
+
+def _bench_user(index: int):
+    user, _ = get_user_model().objects.get_or_create(username=f"bench-{index:02d}")
+    return user
+
+
+def queries_per_agent_step(*, server: ScriptedLLM, agents: int) -> float:
+    """SQL queries per sub-agent LLM step, run inline (django-q2 sync) in this process.
+
+    Inline, a task enqueued by another runs nested inside it; each query is counted for
+    the innermost task only, so an agent is not charged for the orchestrator it wakes.
+    """
+    from orchestration import tasks
+
+    workload = wide(agents)
+    server.respond, server.latency = workload.plan(), 0
+    running: list[str] = []
+    counted = {"agent": 0}
+
+    def count(execute, sql, params, many, context):
+        if running and running[-1] == "agent":
+            counted["agent"] += 1
+        return execute(sql, params, many, context)
+
+    def tagged(kind, task):
+        def run(object_id):
+            running.append(kind)
+            try:
+                task(object_id)
+            finally:
+                running.pop()
+        return run
+
+    originals = (tasks.subagent_run, tasks.orchestrator_step, Conf.SYNC)
+    tasks.subagent_run = tagged("agent", tasks.subagent_run)
+    tasks.orchestrator_step = tagged("orchestrator", tasks.orchestrator_step)
+    Conf.SYNC = True
+    try:
+        with connection.execute_wrapper(count):
+            conversation = Conversation.objects.create(owner=_bench_user(99), title="bench queries")
+            turn = turn_start(conversation=conversation, text="count queries")
+    finally:
+        tasks.subagent_run, tasks.orchestrator_step, Conf.SYNC = originals
+    steps = sum(AgentDispatch.objects.filter(turn=turn).values_list("llm_calls", flat=True))
+    return round(counted["agent"] / max(steps, 1), 1)
+
+
+def now_label() -> str:
+    return timezone.now().strftime("%Y-%m-%d %H:%M UTC")

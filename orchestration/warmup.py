@@ -1,0 +1,28 @@
+"""Pay a worker's one-off start-up costs before its first task, not during it.
+
+Importing the openai SDK and its (lazily imported) resources, loading the skill
+registry and the engine modules costs about two seconds of CPU per process. Paid inside the first task,
+8 workers starting 8 agents at once on 2 cores turned a 2 s fan-out into 20 s.
+django-q2 sends `post_spawn` in every new worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+
+def warm_up(**kwargs) -> None:
+    from orchestration import orchestrator, subagent  # noqa: F401 - import is the point
+    from skills import registry
+    from skills.tools import use_skill_tool
+
+    use_skill_tool(registry.skill_names())
+    if settings.ASSISTANT_LLM_PROVIDER == "openai":
+        from orchestration.llm.openai_provider import _client
+
+        _client().chat.completions  # the SDK imports its resources lazily: ~2 s of CPU
+    logger.debug("worker warmed up")
