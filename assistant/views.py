@@ -10,7 +10,7 @@ from django.utils.html import escape
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant.decorators import owned_conversation
-from assistant.live import panel_context
+from assistant.live import panel_context, replay_floor
 from orchestration.audit import conversation_audit, turn_audit
 from orchestration import selectors, services
 from orchestration.pauses import AlreadyAnswered, turn_continue
@@ -35,7 +35,8 @@ def conversation_create(request):
 @owned_conversation
 def conversation_detail(request, conversation):
     timeline, last_event_id = selectors.timeline_groups(conversation=conversation)
-    context = {**panel_context(conversation), "oob": False, "timeline": timeline, "last_event_id": last_event_id}
+    context = {**panel_context(conversation), "oob": False, "timeline": timeline,
+               "replay_from": replay_floor(conversation.pk, last_event_id)}
     return render(request, "conversations/detail.html", context)
 
 
@@ -64,12 +65,10 @@ def message_send(request, conversation):
     return _after_change(request, conversation)
 
 
-@require_POST
-@owned_conversation
-def turn_continue_view(request, conversation, turn_id: int):
+def _answer_turn(request, conversation, turn_id: int, service):
     turn = get_object_or_404(conversation.turns, pk=turn_id)
     try:
-        turn_continue(turn=turn, user=request.user)
+        service(turn=turn, user=request.user)
     except (AlreadyAnswered, TurnRefused) as exc:
         return _after_change(request, conversation, str(exc))
     return _after_change(request, conversation)
@@ -77,13 +76,14 @@ def turn_continue_view(request, conversation, turn_id: int):
 
 @require_POST
 @owned_conversation
+def turn_continue_view(request, conversation, turn_id: int):
+    return _answer_turn(request, conversation, turn_id, turn_continue)
+
+
+@require_POST
+@owned_conversation
 def turn_stop_view(request, conversation, turn_id: int):
-    turn = get_object_or_404(conversation.turns, pk=turn_id)
-    try:
-        turn_stop(turn=turn, user=request.user)
-    except TurnRefused as exc:
-        return _after_change(request, conversation, str(exc))
-    return _after_change(request, conversation)
+    return _answer_turn(request, conversation, turn_id, turn_stop)
 
 
 @require_GET
