@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from assistant.decorators import owned_conversation
 from assistant.live import panel_context, replay_floor
-from orchestration.audit import conversation_audit, turn_audit
+from orchestration import audit
 from orchestration import selectors, services
 from orchestration.pauses import AlreadyAnswered, turn_continue
 from orchestration.turns import TurnRefused, turn_start, turn_stop
@@ -90,14 +90,14 @@ def turn_stop_view(request, conversation, turn_id: int):
 @owned_conversation
 def conversation_audit(request, conversation):
     turns = conversation.turns.prefetch_related("dispatches__skill_executions", "pauses")
-    audit = [turn_audit(turn) for turn in turns]
-    return render(request, "conversations/audit.html", {"conversation": conversation, "turns": audit})
+    trail = [audit.turn_audit(turn) for turn in turns]
+    return render(request, "conversations/audit.html", {"conversation": conversation, "turns": trail})
 
 
 @require_GET
 @owned_conversation
 def conversation_export(request, conversation):
-    response = JsonResponse(conversation_audit(conversation), json_dumps_params={"indent": 2})
+    response = JsonResponse(audit.conversation_audit(conversation), json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="conversation-{conversation.pk}-audit.json"'
     return response
 
