@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db.models import Max
 from django.template.loader import render_to_string
 from django.utils import timezone
 
@@ -45,6 +46,21 @@ class Cursor:
             self.floor = max(older)
             self.sent = {pk for pk in self.sent if pk > self.floor}
         return events
+
+
+def replay_floor(conversation_id: int, shown_up_to: int) -> int:
+    """Where a freshly rendered page's socket starts replaying.
+
+    The page shows what had committed when it rendered, up to `shown_up_to`; on
+    PostgreSQL an event with a smaller id can still commit after that. So the socket
+    replays from the newest id that is settled instead, and the page drops the rows it
+    already has (static/js/live.js).
+    """
+    settled = timezone.now() - timedelta(seconds=SETTLE_SECONDS)
+    floor = Event.objects.filter(
+        conversation_id=conversation_id, id__lte=shown_up_to, created_at__lt=settled
+    ).aggregate(floor=Max("id"))["floor"]
+    return floor or 0
 
 
 def render_events(conversation: Conversation, events: list[Event]) -> str:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import threading
+
 import pytest
 from channels.db import database_sync_to_async
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
+from django.db import connection, transaction
+from django.test import Client
 
 from assistant.routing import websocket_urlpatterns
 from orchestration.events import event_record
@@ -99,4 +104,47 @@ async def test_nonsense_last_id_replays_everything(trail, alice):
     await comm.connect()
     html = await comm.receive_from()
     assert all(f'id="event-{e.pk}"' in html for e in events)
+    await comm.disconnect()
+
+
+@pytest.mark.postgres
+async def test_an_event_committed_after_the_page_rendered_a_bigger_id_still_arrives(alice):
+    """PostgreSQL takes ids at insert: `late` gets the smaller id but commits after the page
+    rendered `early`. The page's socket replays from a settled id, so `late` reaches it."""
+    conversation = await database_sync_to_async(conversation_for)(alice)
+    turn = await database_sync_to_async(turn_for)(conversation)
+    inserted, release, late = threading.Event(), threading.Event(), {}
+
+    def slow_writer():
+        try:
+            with transaction.atomic():
+                late["event"] = Event.objects.create(conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="late")
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    try:
+        assert inserted.wait(10)
+        early = await database_sync_to_async(Event.objects.create)(
+            conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="early")
+
+        def render_page() -> str:
+            client = Client()
+            client.force_login(alice)
+            return client.get(conversation.get_absolute_url()).content.decode()
+
+        page = await database_sync_to_async(render_page)()
+    finally:
+        release.set()
+        writer.join()
+    assert late["event"].pk < early.pk
+    assert f'id="event-{early.pk}"' in page and f'id="event-{late["event"].pk}"' not in page
+
+    comm = communicator(conversation.pk, alice, last=int(re.search(r"\?last=(\d+)", page).group(1)))
+    await comm.connect()
+    html = await comm.receive_from()
+    assert f'id="event-{late["event"].pk}"' in html
     await comm.disconnect()
