@@ -46,17 +46,28 @@ def database_from_url(url: str, *, default_sqlite_path: Path) -> dict:
     return config
 
 
+REDIS_SOCKET_TIMEOUT = 15  # seconds; above channels_redis' 5 s blocking receive
+
+
 def channel_layers_from_url(redis_url: str) -> dict:
     """channels_redis when REDIS_URL is set; the in-memory layer otherwise.
 
     The in-memory layer only reaches consumers in the same process; the dashboard's
     consumer also replays from the Event table, so pages still see workers' events.
+
+    A consumer waits for messages with a blocking pop that Redis answers after up to 5 s;
+    redis-py 8 gives up reading after 5 s by default, which crashed every idle socket
+    (channels_redis issue #422). The read timeout therefore outlasts the pop.
     """
     if redis_url:
         return {
             "default": {
                 "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {"hosts": [redis_url], "capacity": 1000, "expiry": 30},
+                "CONFIG": {
+                    "hosts": [{"address": redis_url, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
+                    "capacity": 1000,
+                    "expiry": 30,
+                },
             }
         }
     return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

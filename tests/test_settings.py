@@ -34,7 +34,16 @@ def test_unsupported_database_urls_are_refused(url, tmp_path):
 def test_redis_url_selects_channels_redis():
     layers = channel_layers_from_url("redis://127.0.0.1:6379/0")
     assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
-    assert layers["default"]["CONFIG"]["hosts"] == ["redis://127.0.0.1:6379/0"]
+    [host] = layers["default"]["CONFIG"]["hosts"]
+    assert host["address"] == "redis://127.0.0.1:6379/0"
+
+
+def test_redis_reads_outlast_the_blocking_receive():
+    """Otherwise an idle socket's consumer crashes on a read timeout (redis-py 8's default 5 s)."""
+    from channels_redis.core import RedisChannelLayer
+
+    [host] = channel_layers_from_url("redis://127.0.0.1:6379/0")["default"]["CONFIG"]["hosts"]
+    assert host["socket_timeout"] > RedisChannelLayer.brpop_timeout
 
 
 def test_no_redis_url_selects_in_memory_layer():
