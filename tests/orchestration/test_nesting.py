@@ -200,7 +200,7 @@ def test_limits_count_the_whole_tree(llm, run_turn, lead_profile, settings, alic
     assert len(requests_of(llm, "lead")) == 3  # the replay did not ask the model again
 
 
-def test_children_share_the_turns_skill_call_limit(llm, run_turn, lead_profile, settings):
+def test_children_share_the_turns_skill_call_limit(llm, run_turn, lead_profile, settings, alice):
     settings.ASSISTANT_LIMITS = {**settings.ASSISTANT_LIMITS, "turn_max_skill_calls": 2}
     llm.respond = script(
         orchestrator=orchestrator_for_lead(["tasks.create"]),
@@ -215,6 +215,14 @@ def test_children_share_the_turns_skill_call_limit(llm, run_turn, lead_profile, 
     assert turn.status == "paused"
     assert TurnPause.objects.get(turn=turn).limit == "turn_max_skill_calls"
     assert sorted(Task.objects.values_list("title", flat=True)) == ["h's first", "lead's"]
+
+    turn_continue(turn=turn, user=alice)
+    turn.refresh_from_db()
+    assert turn.status == "completed", turn.error
+    assert sorted(Task.objects.values_list("title", flat=True)) == ["h's first", "h's second", "lead's"]
+    lead = AgentDispatch.objects.get(agent_id="lead")
+    assert "done" in lead.result and lead.outcome == "completed"
+    assert turn.skill_calls == 3
 
 
 # --- waiting without holding a worker ----------------------------------------------------
