@@ -28,8 +28,12 @@ run: demo
 	@echo "Open http://127.0.0.1:$${WEB_PORT:-8000}/ and log in with the demo login above."
 	$(BIN)/honcho start
 
-## Install everything the tests need, then run the whole suite.
+## Install everything the tests need (Debian's chromium for the browser tests too: as
+## root, e.g. in CI; otherwise those tests are skipped), then run the whole suite.
 test: install
+	@test -x /usr/bin/chromium || if [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "make test: /usr/bin/chromium is missing (install the chromium package as root); the browser tests will be skipped"; fi
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## Benchmark on the embedded default and on PostgreSQL + Redis (scratch databases).
