@@ -202,7 +202,7 @@ def _loop(dispatch: AgentDispatch, token: str, limits: Limits) -> Finish:
                 content = error_json("tool budget spent; no more tool calls are possible.")
             else:
                 used += 1
-                content = _use_skill(dispatch, user, call)
+                content = _use_skill(dispatch, token, user, call)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
         _save_progress(dispatch, used, messages)
         if used >= dispatch.max_tool_calls:
@@ -246,7 +246,7 @@ def _unique_ids(response: LLMResponse, messages: list[dict], step: int) -> LLMRe
     return replace(response, tool_calls=calls)
 
 
-def _use_skill(dispatch: AgentDispatch, user, call) -> str:
+def _use_skill(dispatch: AgentDispatch, token: str, user, call) -> str:
     try:
         arguments = json.loads(call.arguments or "{}")
     except json.JSONDecodeError as exc:
@@ -254,10 +254,16 @@ def _use_skill(dispatch: AgentDispatch, user, call) -> str:
     if not isinstance(arguments, dict) or not isinstance(arguments.get("skill"), str):
         return error_json('use_skill needs {"skill": "<name>", "arguments": {...}}.')
     name, skill_arguments = arguments["skill"], arguments.get("arguments", {})
+
+    def before_run() -> None:
+        # In the skill's own transaction: a dispatch cancelled (or reaped) since this step
+        # began runs no further side effect, even among one response's parallel calls.
+        heartbeat(AgentDispatch, dispatch.pk, token)
+        reserve_skill_call(dispatch=dispatch, skill=name, arguments=skill_arguments)
+
     outcome = execute_skill(
         name=name, arguments=skill_arguments, user=user, tool_call_id=call.id,
-        scope={"dispatch": dispatch}, granted=dispatch.skills,
-        before_run=lambda: reserve_skill_call(dispatch=dispatch, skill=name, arguments=skill_arguments),
+        scope={"dispatch": dispatch}, granted=dispatch.skills, before_run=before_run,
     )
     if not outcome.replayed:
         status = outcome.status if outcome.ok or outcome.status != "failed" else f"failed ({outcome.error_kind})"

@@ -79,8 +79,8 @@ def test_a_cancelled_agent_notices_at_its_next_step(llm, run_turn, alice, monkey
     use_skill = subagent._use_skill
     stopped = []
 
-    def use_skill_then_stop(dispatch, user, call):
-        content = use_skill(dispatch, user, call)
+    def use_skill_then_stop(dispatch, token, user, call):
+        content = use_skill(dispatch, token, user, call)
         if not stopped:
             turn_stop(turn=dispatch.turn, user=alice)
             stopped.append(len(llm.requests))
@@ -107,3 +107,28 @@ def test_a_cancelled_agent_notices_at_its_next_step(llm, run_turn, alice, monkey
     assert len(llm.requests) == stopped[0]  # and nobody asked the model anything more
     assert [e.type for e in Event.objects.filter(dispatch=worker, type__startswith="agent.")] == [
         "agent.subagent_created", "agent.subagent_started", "agent.subagent_closed"]
+
+
+def test_stop_between_parallel_skill_calls_runs_none_of_the_rest(llm, run_turn, alice, monkeypatch):
+    """One response asks for three emails; Stop lands after the first: no more are sent."""
+    from django.core import mail
+
+    from orchestration import subagent
+
+    send = [("email.send", {"to": ["bob@example.com"], "subject": f"Report {n}", "body": "Hi"}) for n in (1, 2, 3)]
+    llm.respond = Plan([Agent("mailer", ["email.send"], send, per_call=3)])
+    use_skill = subagent._use_skill
+
+    def use_skill_then_stop(dispatch, token, user, call):
+        content = use_skill(dispatch, token, user, call)
+        if len(mail.outbox) == 1:
+            turn_stop(turn=dispatch.turn, user=alice)
+        return content
+
+    monkeypatch.setattr(subagent, "_use_skill", use_skill_then_stop)
+    turn = run_turn()
+    assert turn.status == "stopped"
+    assert [m.subject for m in mail.outbox] == ["Report 1"]
+    mailer = AgentDispatch.objects.get(agent_id="mailer")
+    assert (mailer.state, mailer.outcome) == ("closed", "cancelled")
+    assert SkillExecution.objects.filter(dispatch=mailer).count() == 1
