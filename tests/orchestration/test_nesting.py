@@ -121,6 +121,35 @@ def test_delegating_agent_dispatches_a_child_and_reports_its_result(llm, run_tur
     assert llm.errors == []
 
 
+def test_agents_depend_only_on_their_siblings(llm, run_turn, lead_profile):
+    """The orchestrator cannot make its agent wait on someone's child, nor a child on its
+    parent (which would wait for it in turn); agent_ids stay unique in the whole turn."""
+    llm.respond = script(
+        orchestrator=[dispatch_call("lead", ["tasks.search"], "o1", profile="lead"), results_call("o2"),
+                      calls(("dispatch_agent", {"agent_id": "x", "mission": "mission:x", "skills": ["tasks.search"],
+                                                "depends_on": ["helper"]}),
+                            ("dispatch_agent", {"agent_id": "helper", "mission": "mission:helper",
+                                                "skills": ["tasks.search"]}), prefix="o3"),
+                      saw],
+        agents={
+            "lead": [calls(("dispatch_agent", {"agent_id": "helper", "mission": "mission:helper",
+                                               "skills": ["tasks.search"]}),
+                           ("dispatch_agent", {"agent_id": "loop", "mission": "mission:loop",
+                                               "skills": ["tasks.search"], "depends_on": ["lead"]}), prefix="l1"),
+                     results_call("l2"), saw],
+            "helper": [text("helper done")],
+        },
+    )
+    turn = run_turn()
+    assert turn.status == "completed", turn.error
+    lead = AgentDispatch.objects.get(agent_id="lead")
+    assert "depends_on names unknown agents ['lead']" in json.dumps(lead.transcript)
+    refusals = [json.loads(turn.messages.get(tool_call_id=f"o3_{i}").content) for i in (0, 1)]
+    assert "depends_on names unknown agents ['helper']" in refusals[0]["error"]
+    assert "already used in this turn" in refusals[1]["error"]
+    assert sorted(AgentDispatch.objects.values_list("agent_id", flat=True)) == ["helper", "lead"]
+
+
 def test_child_granted_a_skill_outside_the_parents_grant_is_refused(llm, run_turn, lead_profile):
     llm.respond = script(
         orchestrator=orchestrator_for_lead(["tasks.search"]),
