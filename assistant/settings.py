@@ -167,7 +167,7 @@ if ASSISTANT_LLM_PROVIDER not in {"openai", "offline"}:
 ASSISTANT_ORCHESTRATOR_MODEL = env_str("ASSISTANT_ORCHESTRATOR_MODEL", "gpt-4o-mini")
 ASSISTANT_AGENT_MODEL = env_str("ASSISTANT_AGENT_MODEL", "gpt-4o-mini")
 ASSISTANT_LLM_TIMEOUT_SECONDS = env_float("ASSISTANT_LLM_TIMEOUT_SECONDS", 60.0, minimum=1)
-ASSISTANT_LLM_MAX_RETRIES = env_int("ASSISTANT_LLM_MAX_RETRIES", 3)
+ASSISTANT_LLM_MAX_RETRIES = env_int("ASSISTANT_LLM_MAX_RETRIES", 2)
 # Prices per million tokens, for the cost counters (0 = not shown).
 ASSISTANT_PRICE_PROMPT_PER_MTOK = env_float("ASSISTANT_PRICE_PROMPT_PER_MTOK", 0.15)
 ASSISTANT_PRICE_COMPLETION_PER_MTOK = env_float("ASSISTANT_PRICE_COMPLETION_PER_MTOK", 0.60)
@@ -189,7 +189,9 @@ ASSISTANT_LIMITS = {
 }
 
 # Engine durability (DESIGN.md §4).
-ASSISTANT_LEASE_SECONDS = env_int("ASSISTANT_LEASE_SECONDS", 90, minimum=5)
+# A lease is renewed between steps, so it must outlast the longest step: an LLM call with
+# its retries (timeout × (retries + 1)) or a skill call. `manage.py check` warns otherwise.
+ASSISTANT_LEASE_SECONDS = env_int("ASSISTANT_LEASE_SECONDS", 300, minimum=5)
 ASSISTANT_MAX_STEP_ATTEMPTS = env_int("ASSISTANT_MAX_STEP_ATTEMPTS", 3, minimum=1)
 
 # Skills (DESIGN.md §7).

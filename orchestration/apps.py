@@ -8,6 +8,8 @@ class OrchestrationConfig(AppConfig):
     def ready(self):
         from django_q.signals import post_spawn
 
+        from orchestration import checks  # noqa: F401 - registers the system checks
+
         from orchestration.warmup import warm_up
 
         post_spawn.connect(warm_up, dispatch_uid="orchestration-warm-up")

@@ -42,7 +42,8 @@ def reserve_skill_call(*, dispatch: AgentDispatch, skill: str, arguments: dict) 
 
 
 def _reserve_in_window(conversation_id: int, limits: Limits) -> None:
-    Conversation.objects.select_for_update().filter(pk=conversation_id).values_list("pk").first()
+    # NO KEY: rows inserted meanwhile that point at the conversation need only KEY SHARE.
+    Conversation.objects.select_for_update(no_key=True).filter(pk=conversation_id).values_list("pk").first()
     since = timezone.now() - timedelta(seconds=limits.conversation_window_seconds)
     in_window = Event.objects.filter(conversation_id=conversation_id, type=SKILL_STARTED, created_at__gte=since)
     used = in_window.count()

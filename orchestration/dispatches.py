@@ -48,7 +48,18 @@ def result_status(dispatch: AgentDispatch) -> str:
 
 
 def lock_turn(turn_id: int) -> Turn:
-    return Turn.objects.select_for_update().select_related("conversation").get(pk=turn_id)
+    """Serialise the turn's scheduling decisions on its row.
+
+    FOR NO KEY UPDATE of the turn row only: inserting an Event (or any row pointing at the
+    turn or the conversation) takes a KEY SHARE lock on them, which a plain FOR UPDATE —
+    or locking the joined conversation too — would conflict with, in the opposite order:
+    a deadlock on PostgreSQL.
+    """
+    return (
+        Turn.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("conversation")
+        .get(pk=turn_id)
+    )
 
 
 def dispatch_start_ready(turn: Turn) -> list[AgentDispatch]:

@@ -30,7 +30,7 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
         raise TurnRefused(f"The message is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}.")
     try:
         with transaction.atomic():
-            conversation = Conversation.objects.select_for_update().get(pk=conversation.pk)
+            conversation = Conversation.objects.select_for_update(no_key=True).get(pk=conversation.pk)
             if conversation.turns.filter(status__in=ACTIVE_TURN_STATUSES).exists():
                 raise TurnRefused(_BUSY)
             number = (conversation.turns.aggregate(n=Max("number"))["n"] or 0) + 1

@@ -1,0 +1,23 @@
+"""System checks for settings that are valid alone but dangerous together."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import Warning, register
+
+
+@register()
+def lease_outlasts_a_step(app_configs=None, **kwargs):
+    llm = settings.ASSISTANT_LLM_TIMEOUT_SECONDS * (settings.ASSISTANT_LLM_MAX_RETRIES + 1)
+    step = max(llm, settings.ASSISTANT_LIMITS["skill_timeout_seconds"])
+    if settings.ASSISTANT_LEASE_SECONDS > step:
+        return []
+    return [
+        Warning(
+            f"ASSISTANT_LEASE_SECONDS ({settings.ASSISTANT_LEASE_SECONDS}) does not outlast one step "
+            f"(an LLM call with retries can take {llm:.0f} s).",
+            hint="Raise ASSISTANT_LEASE_SECONDS, or lower ASSISTANT_LLM_TIMEOUT_SECONDS / "
+            "ASSISTANT_LLM_MAX_RETRIES: otherwise the reaper may hand a live agent to a second worker.",
+            id="orchestration.W001",
+        )
+    ]
