@@ -124,20 +124,27 @@ class Cluster:
             time.sleep(0.1)
         raise ProcessError(f"qcluster not ready after {STARTUP_SECONDS}s:\n{self.log_tail()}")
 
-    def wait_idle(self, *, timeout: float = 60, settle_cpu: float = 0.05) -> float:
-        """Wait until the workers have warmed up (the group's CPU time stops growing).
+    def wait_warm(self, workers: int, *, timeout: float = 60) -> float:
+        """Wait until every process of the cluster is spawned and idle; return the seconds.
 
-        Returns the seconds it took: the cold-start cost a first request would pay.
+        Workers warm up when spawned (orchestration/warmup.py: ~2 s of CPU each); a task
+        queued meanwhile waits for a warm worker, which would distort any timing. A
+        process counts as idle when it was runnable in at most 2 of its last 6 samples
+        (50 ms apart); warming workers are runnable all along.
         """
         started = time.monotonic()
-        previous = -1.0
+        seen: dict[int, list[bool]] = {}
         while time.monotonic() - started < timeout:
-            total = sum(s.cpu_seconds for s in self.stats())
-            if previous >= 0 and total - previous < settle_cpu:
-                return time.monotonic() - started
-            previous = total
-            time.sleep(0.5)
-        raise ProcessError(f"qcluster still busy after {timeout}s:\n{self.log_tail()}")
+            pids = descendants(self.pid)
+            for pid in pids:
+                seen.setdefault(pid, []).append(_runnable(pid))
+            recent = [seen[pid][-6:] for pid in pids]
+            if len(pids) >= workers + 3 and all(len(r) == 6 and sum(r) <= 2 for r in recent):
+                return time.monotonic() - started  # the Sentinel, monitor, pusher and workers
+            if self.process.poll() is not None:
+                raise ProcessError(f"qcluster exited with {self.process.returncode}:\n{self.log_tail()}")
+            time.sleep(0.05)
+        raise ProcessError(f"qcluster's workers still busy after {timeout}s:\n{self.log_tail()}")
 
     def stats(self) -> list[ProcessStats]:
         found = [process_stats(pid) for pid in [self.pid, *descendants(self.pid)]]
@@ -159,6 +166,14 @@ class Cluster:
         deadline = time.monotonic() + STOP_SECONDS
         while _group_alive(self.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def _runnable(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("R", "D")
 
 
 def _group_alive(pgid: int) -> bool:

@@ -54,7 +54,7 @@ class Command(BaseCommand):
         results = []
         try:
             cluster.wait_ready()
-            warm = cluster.wait_idle()  # workers warm up after spawning (orchestration/warmup.py)
+            warm = cluster.wait_warm(workers)  # workers warm up after spawning (orchestration/warmup.py)
             self.stdout.write(f"{setup}, {workers} workers (warm after {warm:.1f}s), qcluster log: {log}")
             for latency_ms in latency:
                 for workload in workloads:
