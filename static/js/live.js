@@ -20,3 +20,12 @@ document.addEventListener("htmx:afterSettle", function () {
   var box = document.querySelector("#composer textarea:not([disabled])");
   if (box && document.activeElement === document.body) box.focus();
 });
+
+// A push replaces the composer whole (its state comes from the server); keep what the
+// user was typing when the new one can take it.
+document.addEventListener("htmx:oobBeforeSwap", function (evt) {
+  if (evt.detail.target.id !== "composer" || !evt.detail.fragment.querySelector) return;
+  var typed = evt.detail.target.querySelector("textarea");
+  var incoming = evt.detail.fragment.querySelector("textarea");
+  if (typed && typed.value && incoming && !incoming.disabled) incoming.value = typed.value;
+});

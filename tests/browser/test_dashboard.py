@@ -1,0 +1,179 @@
+"""The live dashboard in chromium: a turn seen as it happens, a continue? prompt, a reload.
+
+alice logs in through the form, opens a conversation and sends a message; daphne starts
+the turn and the cluster's workers run it against the scripted model. The page is never
+reloaded unless the test says so: `window.__sameDocument` is set once and must survive.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from orchestration.models import AgentDispatch, Conversation, TurnPause, TurnStatus
+from skills.domains.tasks.models import Task
+from tests.browser.conftest import assert_timeline_complete, record_events, wait_turn
+from tests.factories import turn_for
+from tests.llm_server import Agent, Plan
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+WEEK = [
+    Agent("calendar", ["calendar.list_events"], [("calendar.list_events", {})], report="No events this week.",
+          extra={"mission": "List this week's events. mission:calendar"}),
+    Agent("tasks", ["tasks.search"], [("tasks.search", {"status": "open"})], report="No open tasks.",
+          extra={"mission": "Find my open tasks. mission:tasks"}),
+    Agent("notes", ["memory.save"], [("memory.save", {"text": "Weekly review done", "tags": ["review"]})],
+          depends_on=["calendar", "tasks"], report="Saved a note.",
+          extra={"mission": "Save a note about the review. mission:notes"}),
+]
+WEEK_ANSWER = "**Your week** is clear: no events and no open tasks.\n\n- I saved a note for the review."
+
+
+def slowed(plan: Plan, seconds: float):
+    """The plan, with every sub-agent answer `seconds` late: agents stay visibly running."""
+
+    def respond(request):
+        reply = plan(request)
+        if any(tool["function"]["name"] == "use_skill" for tool in request.get("tools", [])):
+            reply.delay = seconds
+        return reply
+
+    return respond
+
+
+def node(page, agent_id: str):
+    return page.locator("#agent-graph li.node", has=page.locator(f'xpath=./span[@class="agent" and text()="{agent_id}"]'))
+
+
+def test_a_turn_is_seen_live_without_a_reload(servers, visit, alice, llm, request):
+    llm.respond = slowed(Plan(WEEK, answer=WEEK_ANSWER), 1.0)
+    site = servers()
+    alice_tab = visit(site, "alice")
+    conversation_id = alice_tab.new_conversation()
+    page = alice_tab.page
+    page.evaluate("window.__sameDocument = true")
+
+    alice_tab.send("Review my week, then save a note")
+
+    expect(page.locator("#composer textarea")).to_be_disabled()
+    expect(page.locator("#composer-note")).to_contain_text("you can send the next message when it has finished")
+    calendar = node(page, "calendar")
+    expect(calendar.locator("> .state")).to_have_text("running")
+    expect(node(page, "notes").locator("> .state")).to_have_text("created")  # waits for calendar and tasks
+    expect(node(page, "notes")).to_contain_text("after calendar, tasks")
+    rows_while_running = len(alice_tab.event_ids())
+    assert rows_while_running > 0
+    alice_tab.screenshot(request.node, "graph-running", "#agent-graph")
+    alice_tab.screenshot(request.node, "dashboard-running")
+
+    # finished agents wait until the orchestrator reads their results, after the last one
+    expect(calendar.locator("> .state")).to_have_text("waiting")
+    expect(node(page, "notes").locator("> .state")).to_have_text("running")
+    expect(page.locator("#messages .message.assistant strong")).to_have_text("Your week")
+    for agent_id in ("calendar", "tasks", "notes"):
+        expect(node(page, agent_id).locator("> .state")).to_have_text("completed")
+    expect(page.locator("#send-button")).to_be_visible()
+    expect(page.locator("#composer textarea")).to_be_enabled()
+    expect(page.locator("#counters")).to_contain_text(re.compile(r"\b[1-9]\d* tokens"))
+
+    turn = wait_turn(conversation_id, site)
+    assert turn.status == "completed", turn.error
+    assert llm.errors == []
+    shown = assert_timeline_complete(alice_tab, conversation_id)
+    assert len(shown) > rows_while_running
+    assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+    expect(page.locator("#timeline .turn-group")).to_have_count(1)
+    expect(page.locator("#timeline details.agent-group")).to_have_count(3)
+
+    alice_tab.screenshot(request.node, "dashboard")
+    alice_tab.screenshot(request.node, "chat", ".chat")
+    alice_tab.screenshot(request.node, "timeline", "#timeline")
+    alice_tab.screenshot(request.node, "graph", "#agent-graph")
+    assert alice_tab.dialogs == [] and alice_tab.outside_requests() == []
+
+
+def test_a_tripped_limit_asks_and_continue_finishes_the_turn(servers, visit, alice, llm, request):
+    maker = Agent("maker", ["tasks.create"], [("tasks.create", {"title": t}) for t in ("one", "two", "three")])
+    llm.respond = Plan([maker], answer="Created three tasks.")
+    site = servers(limits={"turn_max_skill_calls": 2})
+    alice_tab = visit(site, "alice")
+    conversation_id = alice_tab.new_conversation()
+    page = alice_tab.page
+    page.evaluate("window.__sameDocument = true")
+
+    alice_tab.send("Create three tasks")
+
+    prompt = page.locator("#pause-prompt .pause")
+    expect(prompt).to_contain_text("Continue?")
+    expect(prompt).to_contain_text("Not started yet: maker")
+    expect(page.locator("#continue-button")).to_be_visible()
+    expect(page.locator("#stop-button")).to_be_visible()
+    expect(page.locator("#counters")).to_contain_text("paused")
+    pause = TurnPause.objects.get(turn__conversation_id=conversation_id)
+    assert pause.limit == "turn_max_skill_calls" and pause.decision == ""
+    assert Task.objects.count() == 2
+    alice_tab.screenshot(request.node, "prompt", "#pause-prompt")
+    alice_tab.screenshot(request.node, "paused")
+
+    with page.expect_response(lambda r: r.url.endswith("/continue/")) as answered:
+        page.click("#continue-button")
+    assert answered.value.status == 200
+
+    expect(page.locator("#messages .message.assistant", has_text="Created three tasks.")).to_be_visible()
+    expect(page.locator("#pause-prompt .pause")).to_have_count(0)
+    expect(page.locator("#pause-prompt .answered")).to_contain_text("Continue by alice")
+    turn = wait_turn(conversation_id, site)
+    assert turn.status == "completed", turn.error
+    assert turn.continuations == 1
+    assert sorted(Task.objects.values_list("title", flat=True)) == ["one", "three", "two"]
+    assert_timeline_complete(alice_tab, conversation_id)
+    assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+    alice_tab.screenshot(request.node, "continued")
+
+
+def test_a_reload_mid_turn_misses_and_doubles_nothing(servers, visit, alice, llm, request):
+    search = ("tasks.search", {"status": "open"})
+    agents = [Agent(f"s{i}", ["tasks.search"], [search, search]) for i in range(3)]
+    agents.append(Agent("last", ["tasks.search"], [search], depends_on=[a.agent_id for a in agents]))
+    llm.respond = slowed(Plan(agents, answer="Searched four times."), 0.5)
+    site = servers()
+    alice_tab = visit(site, "alice")
+    conversation_id = alice_tab.new_conversation()
+    page = alice_tab.page
+
+    alice_tab.send("Search in parallel, then once more")
+    page.wait_for_function("() => document.querySelectorAll('#timeline [id^=\"event-\"]').length >= 3")
+    for _ in range(2):  # once while the first agents run, once after more events came
+        seen = len(alice_tab.event_ids())
+        page.reload()
+        alice_tab.wait_connected()
+        expect(page.locator("#composer textarea")).to_be_disabled()  # the turn still runs
+        page.wait_for_function(
+            "n => document.querySelectorAll('#timeline [id^=\"event-\"]').length > n", arg=seen)
+
+    turn = wait_turn(conversation_id, site)
+    assert turn.status == "completed", turn.error
+    expect(page.locator("#messages .message.assistant .content")).to_have_text("Searched four times.")
+    assert_timeline_complete(alice_tab, conversation_id)
+    groups = page.eval_on_selector_all("#timeline .turn-group, #timeline .agent-group", "els => els.map(e => e.id)")
+    assert len(groups) == len(set(groups)) == 1 + AgentDispatch.objects.filter(turn=turn).count()
+    expect(page.locator("#messages .message.assistant")).to_have_count(1)
+    alice_tab.screenshot(request.node, "after-reloads")
+
+
+def test_a_push_keeps_the_message_being_typed(servers, visit, alice):
+    """Every push replaces the composer; what the user was typing survives it."""
+    alice_tab = visit(servers(workers=0), "alice")
+    conversation_id = alice_tab.new_conversation()
+    box = alice_tab.page.locator("#composer textarea")
+    box.fill("Half a thought")
+
+    finished = turn_for(Conversation.objects.get(pk=conversation_id), status=TurnStatus.COMPLETED)
+    [event_id] = record_events(finished, 1)
+    alice_tab.page.wait_for_selector(f"#event-{event_id}", state="attached")
+
+    expect(box).to_be_enabled()
+    expect(box).to_have_value("Half a thought")
