@@ -70,7 +70,7 @@ def pause_question(limit: str, detail: dict) -> str:
     ]
     if detail.get("resumes_at"):
         lines.append(f"- The conversation's window frees up at {detail['resumes_at']}.")
-    lines.append("Continue to grant a fresh budget and resume where it stopped, or Stop to end the turn.")
+    lines.append("\nContinue to grant a fresh budget and resume where it stopped, or Stop to end the turn.")
     return "\n".join(lines)
 
 

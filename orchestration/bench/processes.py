@@ -8,6 +8,7 @@ left behind. /proc gives CPU time and peak memory per process.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from django.db import connection
 STARTUP_SECONDS = 30
 STOP_SECONDS = 10
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b.*")
 
 
 class ProcessError(RuntimeError):
@@ -111,8 +113,16 @@ class Cluster:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
+    def log_tail(self, lines: int = 30) -> str:
+        """The log's errors (with each traceback's last line), then its last lines."""
+        log = self.log().splitlines()
+        errors = [line for line in log if " ERROR " in line or " CRITICAL " in line
+                  or _EXCEPTION_LINE.match(line)]
+        return "\n".join([f"({self.log_path})", "errors:", *errors[-20:], "last lines:", *log[-lines:]])
+
+    def descendants(self) -> list[int]:
+        """Every live process below qcluster: the Sentinel, workers, monitor and pusher."""
+        return descendants(self.pid)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -135,7 +145,7 @@ class Cluster:
         started = time.monotonic()
         seen: dict[int, list[bool]] = {}
         while time.monotonic() - started < timeout:
-            pids = descendants(self.pid)
+            pids = self.descendants()
             for pid in pids:
                 seen.setdefault(pid, []).append(_runnable(pid))
             recent = [seen[pid][-6:] for pid in pids]
@@ -147,7 +157,7 @@ class Cluster:
         raise ProcessError(f"qcluster's workers still busy after {timeout}s:\n{self.log_tail()}")
 
     def stats(self) -> list[ProcessStats]:
-        found = [process_stats(pid) for pid in [self.pid, *descendants(self.pid)]]
+        found = [process_stats(pid) for pid in [self.pid, *self.descendants()]]
         return [s for s in found if s is not None]
 
     def stop(self) -> None:

@@ -13,29 +13,20 @@ using to talk to the scripted LLM server (see `LiveLLM` and `Cluster.pid_of_conn
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-from django.conf import settings
-from django.db import connection
 from django_q.conf import Conf
 from django_q.models import Schedule
 
+from orchestration.bench import processes
+from orchestration.bench.processes import STARTUP_SECONDS, database_url  # noqa: F401 - re-exported
 from tests.llm_server import ScriptedLLM
 
-STARTUP_SECONDS = 30
-WARM_SECONDS = 60
-STOP_SECONDS = 10
 LEASE_SECONDS = 5
-_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b.*")
 
 
 class LiveLLM(ScriptedLLM):
@@ -68,45 +59,7 @@ class LiveLLM(ScriptedLLM):
         return Handler
 
 
-class Cluster:
-    def __init__(self, process: subprocess.Popen, log_path: Path):
-        self.process = process
-        self.log_path = log_path
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The log's errors (with each traceback's last line), then its last lines."""
-        log = self.log().splitlines()
-        errors = [line for line in log if " ERROR " in line or " CRITICAL " in line
-                  or _EXCEPTION_LINE.match(line)]
-        return "\n".join([f"({self.log_path})", "errors:", *errors[-20:], "last lines:", *log[-lines:]])
-
-    def descendants(self) -> list[int]:
-        """Every live process below the qcluster process (Sentinel, workers, monitor, pusher)."""
-        children: dict[int, list[int]] = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-        found, frontier = [], [self.pid]
-        while frontier:
-            pid = frontier.pop()
-            for child in children.get(pid, []):
-                found.append(child)
-                frontier.append(child)
-        return found
-
+class Cluster(processes.Cluster):
     def pid_of_connection(self, local_port: int, remote_port: int) -> int | None:
         """The cluster process holding the 127.0.0.1 TCP socket local_port → remote_port."""
         inode = _socket_inode(local_port, remote_port)
@@ -126,73 +79,6 @@ class Cluster:
                     continue
         return None
 
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            if " running." in self.log():
-                return
-            if self.process.poll() is not None:
-                pytest.fail(f"qcluster exited with {self.process.returncode}:\n{self.log_tail()}")
-            time.sleep(0.1)
-        pytest.fail(f"qcluster not ready after {STARTUP_SECONDS}s:\n{self.log_tail()}")
-
-    def wait_warm(self, workers: int) -> None:
-        """Wait until every process of the cluster is spawned and idle.
-
-        Workers warm up when spawned (orchestration/warmup.py: ~2 s of CPU each); a task
-        queued meanwhile waits for a warm worker, which would distort timing assertions.
-        A process counts as idle when it was seen runnable in at most 2 of its last 6
-        samples (50 ms apart); warming workers are runnable all along.
-        """
-        seen: dict[int, list[bool]] = {}
-        deadline = time.monotonic() + WARM_SECONDS
-        while time.monotonic() < deadline:
-            pids = self.descendants()
-            for pid in pids:
-                seen.setdefault(pid, []).append(_runnable(pid))
-            recent = [seen[pid][-6:] for pid in pids]
-            if len(pids) >= workers + 3 and all(len(r) == 6 and sum(r) <= 2 for r in recent):
-                return  # the Sentinel, its monitor and pusher, and the workers
-            if self.process.poll() is not None:
-                pytest.fail(f"qcluster exited with {self.process.returncode}:\n{self.log_tail()}")
-            time.sleep(0.05)
-        pytest.fail(f"qcluster's workers still busy after {WARM_SECONDS}s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM (graceful: workers finish their task), then SIGKILL the whole group."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.pid, signal.SIGKILL)  # stragglers: a worker stuck in a call
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=STOP_SECONDS)
-        deadline = time.monotonic() + STOP_SECONDS
-        while _group_alive(self.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _runnable(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in ("R", "D")
-
 
 def _socket_inode(local_port: int, remote_port: int) -> int | None:
     wanted = (f"0100007F:{local_port:04X}", f"0100007F:{remote_port:04X}")
@@ -201,21 +87,6 @@ def _socket_inode(local_port: int, remote_port: int) -> int | None:
         if (fields[1], fields[2]) == wanted:
             return int(fields[9])
     return None
-
-
-def database_url() -> str:
-    """The URL of the database this test runs on (the test database, not the real one)."""
-    db = connection.settings_dict
-    if connection.vendor == "sqlite":
-        if connection.is_in_memory_db():
-            pytest.fail("the SQLite test database is in memory; a qcluster subprocess cannot see it")
-        return f"sqlite:///{db['NAME']}"
-    user = quote(db.get("USER") or "", safe="")
-    password = quote(db.get("PASSWORD") or "", safe="")
-    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = db.get("HOST") or "127.0.0.1"
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgres://{auth}{host}{port}/{quote(db['NAME'], safe='')}"
 
 
 @pytest.fixture
@@ -237,29 +108,15 @@ def qcluster(transactional_db, llm, tmp_path, monkeypatch) -> Callable[..., Clus
 
     def start(*, workers: int = 4, env: dict[str, str] | None = None) -> Cluster:
         environment = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "assistant.settings",
-            "DATABASE_URL": database_url(),
-            "Q_WORKERS": str(workers),
-            "Q_SYNC": "0",
-            "Q_LOG_LEVEL": "INFO",
             "ASSISTANT_LLM_PROVIDER": "openai",
             "OPENAI_BASE_URL": llm.url,
             "OPENAI_API_KEY": "test",
             "ASSISTANT_LLM_MAX_RETRIES": "0",
             "ASSISTANT_LLM_TIMEOUT_SECONDS": "30",
             "ASSISTANT_LEASE_SECONDS": str(LEASE_SECONDS),
-            "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        log_path = tmp_path / f"qcluster-{len(started)}.log"
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "qcluster"],
-                cwd=settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
-        cluster = Cluster(process, log_path)
+        cluster = Cluster(env=environment, log_path=tmp_path / f"qcluster-{len(started)}.log", workers=workers)
         started.append(cluster)
         cluster.wait_ready()
         cluster.wait_warm(workers)
