@@ -105,19 +105,25 @@ def dispatch_close(dispatch: AgentDispatch, *, outcome: str, reason: str) -> boo
         result=reason, finished_at=now, closed_at=now, lease_token="",
     )
     if updated:
-        event_record(
-            type="agent.subagent_closed",
-            dispatch=dispatch,
-            summary=f"{dispatch.agent_id} {state}: {reason}",
-            payload={
-                "sub_agent_id": dispatch.agent_id,
-                "step_idx": dispatch.contract.get("parent", {}).get("step_idx", 0),
-                "final_status": "failed",
-                "close_reason": str(state),
-                "detail": reason,
-            },
-        )
+        _closed_event(dispatch, summary=f"{dispatch.agent_id} {state}: {reason}", final="failed",
+                      close_reason=str(state), detail=reason)
     return bool(updated)
+
+
+def _closed_event(dispatch: AgentDispatch, *, summary: str, final: str, close_reason: str, **extra) -> None:
+    """`agent.subagent_closed`, the last event of every sub-agent (DESIGN.md §4)."""
+    event_record(
+        type="agent.subagent_closed",
+        dispatch=dispatch,
+        summary=summary,
+        payload={
+            "sub_agent_id": dispatch.agent_id,
+            "step_idx": dispatch.contract.get("parent", {}).get("step_idx", 0),
+            "final_status": final,
+            "close_reason": close_reason,
+            **extra,
+        },
+    )
 
 
 def dispatch_settle(*, turn_id: int, dispatch_id: int) -> None:
@@ -178,17 +184,7 @@ def dispatch_merge(dispatch: AgentDispatch) -> None:
         state=DispatchState.CLOSED, close_reason=reason, closed_at=now
     )
     if updated:
-        event_record(
-            type="agent.subagent_closed",
-            dispatch=dispatch,
-            summary=f"{dispatch.agent_id} closed ({final})",
-            payload={
-                "sub_agent_id": dispatch.agent_id,
-                "step_idx": dispatch.contract.get("parent", {}).get("step_idx", 0),
-                "final_status": final,
-                "close_reason": reason,
-            },
-        )
+        _closed_event(dispatch, summary=f"{dispatch.agent_id} closed ({final})", final=final, close_reason=reason)
 
 
 def dispatch_results_collect(names: list[str], found: dict[str, AgentDispatch]) -> dict:
