@@ -28,7 +28,8 @@ def plot(result_files: list[Path], output: Path) -> Path:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.axhline(1.1, color="grey", linestyle="--", linewidth=0.8, label="aim 1.10")
     ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(workloads))], workloads)
-    ax.set_ylabel("makespan / ideal")
+    ax.set_yscale("log")  # `load` on a few workers is an order of magnitude above the rest
+    ax.set_ylabel("makespan / ideal (log scale)")
     machine = reports[0].get("machine", "") if reports else ""
     ax.set_title(f"Makespan against the ideal ({machine})", fontsize=10)
     ax.legend(fontsize=8)
