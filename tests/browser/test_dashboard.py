@@ -16,7 +16,7 @@ from orchestration.models import AgentDispatch, Conversation, TurnPause, TurnSta
 from skills.domains.tasks.models import Task
 from tests.browser.conftest import assert_timeline_complete, record_events, wait_turn
 from tests.factories import turn_for
-from tests.llm_server import Agent, Plan
+from orchestration.bench.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

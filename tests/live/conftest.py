@@ -24,7 +24,7 @@ from django_q.models import Schedule
 
 from orchestration.bench import processes
 from orchestration.bench.processes import STARTUP_SECONDS, database_url  # noqa: F401 - re-exported
-from tests.llm_server import ScriptedLLM
+from orchestration.bench.llm_server import ScriptedLLM
 
 LEASE_SECONDS = 5
 

@@ -22,7 +22,7 @@ from orchestration.turns import turn_start
 from skills.domains.email.models import OutboxEmail
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
-from tests.llm_server import Agent, Plan, agent_of
+from orchestration.bench.llm_server import Agent, Plan, agent_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

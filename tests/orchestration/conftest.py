@@ -9,7 +9,7 @@ from django_q.conf import Conf
 from orchestration.models import Turn
 from orchestration.turns import turn_start
 from tests.factories import conversation_for
-from tests.llm_server import ScriptedLLM
+from orchestration.bench.llm_server import ScriptedLLM
 
 
 @pytest.fixture
