@@ -23,3 +23,18 @@ def owned_conversation(view):
         return view(request, conversation, *args, **kwargs)
 
     return wrapper
+
+
+def audited_conversation(view):
+    """Like owned_conversation, but staff may read any conversation's audit trail."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request, conversation_id: int, *args, **kwargs):
+        conversations = Conversation.objects.all()
+        if not request.user.is_staff:
+            conversations = conversations.filter(owner=request.user)
+        conversation = get_object_or_404(conversations, pk=conversation_id)
+        return view(request, conversation, *args, **kwargs)
+
+    return wrapper

@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.html import escape
 from django.views.decorators.http import require_GET, require_POST
 
-from assistant.decorators import owned_conversation
+from assistant.decorators import audited_conversation, owned_conversation
 from assistant.live import panel_context, replay_floor
 from orchestration import audit
 from orchestration import selectors, services
@@ -87,7 +87,7 @@ def turn_stop_view(request, conversation, turn_id: int):
 
 
 @require_GET
-@owned_conversation
+@audited_conversation
 def conversation_audit(request, conversation):
     turns = conversation.turns.prefetch_related("dispatches__skill_executions", "pauses")
     trail = [audit.turn_audit(turn) for turn in turns]
@@ -95,7 +95,7 @@ def conversation_audit(request, conversation):
 
 
 @require_GET
-@owned_conversation
+@audited_conversation
 def conversation_export(request, conversation):
     response = JsonResponse(audit.conversation_audit(conversation), json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="conversation-{conversation.pk}-audit.json"'

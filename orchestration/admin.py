@@ -134,8 +134,12 @@ class ConversationAdmin(EventLinksMixin, AuditAdmin):
     list_filter = ["owner", "created_at"]
     search_fields = ["title", "owner__username", "messages__content"]
     date_hierarchy = "created_at"
-    readonly_fields = ["events_link", "created_at", "updated_at"]
+    readonly_fields = ["audit_view_link", "events_link", "created_at", "updated_at"]
     inlines = [TurnInline, MessageInline]
+
+    @admin.display(description="dashboard")
+    def audit_view_link(self, obj):
+        return format_html('<a href="{}">Audit view</a>', reverse("conversation_audit", args=[obj.pk]))
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("owner")

@@ -109,3 +109,12 @@ def test_staff_audit_links_into_the_admin(client, staff, conversation):
     client.force_login(staff)
     page = client.get(reverse("conversation_audit", args=[conversation.pk])).content.decode()
     assert reverse("admin:orchestration_conversation_change", args=[conversation.pk]) in page
+
+
+def test_staff_can_read_any_audit_trail_and_admin_links_to_it(client, staff, conversation):
+    client.force_login(staff)
+    assert client.get(reverse("conversation_audit", args=[conversation.pk])).status_code == 200
+    admin_page = client.get(reverse("admin:orchestration_conversation_change", args=[conversation.pk]))
+    assert reverse("conversation_audit", args=[conversation.pk]) in admin_page.content.decode()
+    # reading the trail does not open the conversation itself
+    assert client.get(conversation.get_absolute_url()).status_code == 404
