@@ -84,27 +84,12 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-class Cluster:
-    """A qcluster subprocess with its log in a file."""
+class ManagedProcess:
+    """A subprocess in its own process group, with its output in a log file."""
 
-    def __init__(self, *, env: dict[str, str], log_path: Path, workers: int):
-        environment = {
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "assistant.settings",
-            "DATABASE_URL": database_url(),
-            "Q_WORKERS": str(workers),
-            "Q_SYNC": "0",
-            "Q_LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-            **env,
-        }
+    def __init__(self, process: subprocess.Popen, log_path: Path):
+        self.process = process
         self.log_path = log_path
-        with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "qcluster"],
-                cwd=settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
 
     @property
     def pid(self) -> int:
@@ -121,8 +106,52 @@ class Cluster:
         return "\n".join([f"({self.log_path})", "errors:", *errors[-20:], "last lines:", *log[-lines:]])
 
     def descendants(self) -> list[int]:
-        """Every live process below qcluster: the Sentinel, workers, monitor and pusher."""
         return descendants(self.pid)
+
+    def stats(self) -> list[ProcessStats]:
+        found = [process_stats(pid) for pid in [self.pid, *self.descendants()]]
+        return [s for s in found if s is not None]
+
+    def stop(self) -> None:
+        """SIGTERM (graceful: workers finish their task), then SIGKILL the whole group."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=STOP_SECONDS)
+        deadline = time.monotonic() + STOP_SECONDS
+        while _group_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+class Cluster(ManagedProcess):
+    """A `manage.py qcluster` on this process's database."""
+
+    @classmethod
+    def start(cls, *, env: dict[str, str], log_path: Path, workers: int) -> Cluster:
+        environment = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "assistant.settings",
+            "DATABASE_URL": database_url(),
+            "Q_WORKERS": str(workers),
+            "Q_SYNC": "0",
+            "Q_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "qcluster"],
+                cwd=settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        return cls(process, log_path)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -155,27 +184,6 @@ class Cluster:
                 raise ProcessError(f"qcluster exited with {self.process.returncode}:\n{self.log_tail()}")
             time.sleep(0.05)
         raise ProcessError(f"qcluster's workers still busy after {timeout}s:\n{self.log_tail()}")
-
-    def stats(self) -> list[ProcessStats]:
-        found = [process_stats(pid) for pid in [self.pid, *self.descendants()]]
-        return [s for s in found if s is not None]
-
-    def stop(self) -> None:
-        """SIGTERM (graceful: workers finish their task), then SIGKILL the whole group."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_SECONDS)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=STOP_SECONDS)
-        deadline = time.monotonic() + STOP_SECONDS
-        while _group_alive(self.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
 
 
 def _runnable(pid: int) -> bool:

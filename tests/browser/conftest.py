@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.conf import settings
 
+from orchestration.bench.processes import ManagedProcess
 from tests.conftest import PASSWORD
 from tests.live.conftest import (  # noqa: F401 - llm and qcluster are fixtures used here
     STARTUP_SECONDS,
@@ -99,7 +100,7 @@ def limits_env(limits: dict[str, object]) -> dict[str, str]:
     return {f"LIMIT_{name.upper()}": str(value) for name, value in limits.items()}
 
 
-class WebServer(Cluster):
+class WebServer(ManagedProcess):
     """`daphne` in its own process group; stopped like the cluster (SIGTERM, then SIGKILL)."""
 
     def __init__(self, process: subprocess.Popen, log_path: Path, url: str):

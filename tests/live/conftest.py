@@ -116,7 +116,7 @@ def qcluster(transactional_db, llm, tmp_path, monkeypatch) -> Callable[..., Clus
             "ASSISTANT_LEASE_SECONDS": str(LEASE_SECONDS),
             **(env or {}),
         }
-        cluster = Cluster(env=environment, log_path=tmp_path / f"qcluster-{len(started)}.log", workers=workers)
+        cluster = Cluster.start(env=environment, log_path=tmp_path / f"qcluster-{len(started)}.log", workers=workers)
         started.append(cluster)
         cluster.wait_ready()
         cluster.wait_warm(workers)

@@ -50,7 +50,7 @@ class Command(BaseCommand):
         env = {"ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "bench",
                "ASSISTANT_LLM_MAX_RETRIES": "0", "Q_LOG_LEVEL": "INFO"}
         log = Path(tempfile.mkdtemp(prefix="bench-")) / "qcluster.log"
-        cluster = Cluster(env=env, log_path=log, workers=workers)
+        cluster = Cluster.start(env=env, log_path=log, workers=workers)
         results = []
         try:
             cluster.wait_ready()
