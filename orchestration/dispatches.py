@@ -10,7 +10,6 @@ everything it waits for is terminal — under the lock, so no wake-up is ever lo
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -219,8 +218,3 @@ def dispatch_cancel_open(turn: Turn, *, reason: str) -> int:
 
 def turn_counter_add(turn_id: int, **amounts: int) -> None:
     Turn.objects.filter(pk=turn_id).update(**{k: F(k) + v for k, v in amounts.items() if v})
-
-
-@transaction.atomic
-def settle_in_transaction(*, turn_id: int, dispatch_id: int) -> None:
-    dispatch_settle(turn_id=turn_id, dispatch_id=dispatch_id)
