@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install run test migrate demo bench clean
+.PHONY: install run test migrate demo bench load clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,15 @@ bench: install
 	DATABASE_URL=$(BENCH_PG) $(BIN)/python manage.py migrate --noinput -v0
 	DATABASE_URL=$(BENCH_PG) REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python manage.py bench --output bench-results/postgres-redis.json $(BENCH_ARGS)
 	$(BIN)/python manage.py bench --plot bench-results/embedded.json bench-results/postgres-redis.json
+
+## Load: browser-like users over htmx posts and WebSockets against daphne and a qcluster,
+## on PostgreSQL + Redis (a scratch database); LOAD_ARGS="--users 5 --duration 30" for a short one.
+LOAD_PG ?= postgres://postgres@127.0.0.1:5432/assistant_load
+load: install
+	$(BIN)/pip install --quiet -e '.[bench]'
+	psql "$(dir $(LOAD_PG))postgres" -qc 'DROP DATABASE IF EXISTS $(notdir $(LOAD_PG))' -c 'CREATE DATABASE $(notdir $(LOAD_PG))'
+	DATABASE_URL=$(LOAD_PG) $(BIN)/python manage.py migrate --noinput -v0
+	DATABASE_URL=$(LOAD_PG) REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python manage.py loadtest --users 50 --duration 180 --output bench-results/load.json $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache

@@ -1,0 +1,642 @@
+"""Load (issue 7): browser-like users over htmx posts and WebSockets against real servers.
+
+`run_load` starts the scripted LLM server (or reuses one), daphne and a qcluster against
+this process's database, creates the users, then runs them concurrently for a bounded
+time from one asyncio loop (httpx + websockets). Each virtual user does what the page
+does for a person:
+
+1. GET /login/, POST the form with its csrfmiddlewaretoken; GET / (the list).
+2. POST "New conversation" (the list's form), follow the redirect: GET the conversation
+   page (the *page* latency), and open its socket (`ws-connect`, with the session cookie
+   and the page's Origin) as htmx's ws extension does.
+3. Send a message as htmx does (HX-Request, X-CSRFToken from the page's `hx-headers`,
+   the form's fields) — the *post* latency — and wait until the socket shows the turn's
+   final event (`turn.completed`; `turn.failed`/`paused`/`stopped` count as errors).
+   Think a moment, send the next one; after `turns_per_conversation` turns, close the
+   page (once its socket has caught up with the database) and start a new conversation.
+4. Stop starting turns when the duration is over; turns in flight finish.
+
+Every event row a socket receives (`id="event-<pk>"`) is timed on arrival; at the end
+the *event* latency is arrival minus `Event.created_at` (taken by the worker just before
+the INSERT, so it includes the rest of the worker's transaction), and each socket's set
+of event ids is compared with the database's events of its conversation. A socket that
+closes unexpectedly reconnects to the same URL as htmx does, which replays; rows it
+already had are counted as duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+import random
+import re
+import resource
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+from orchestration.bench.llm_server import Agent, Plan, ScriptedLLM
+from orchestration.bench.processes import STARTUP_SECONDS, Cluster, ManagedProcess, ProcessError, database_url
+
+SKILL = ("tasks.search", {"status": "open"})
+FINAL_TYPES = {"turn.completed", "turn.failed", "turn.paused", "turn.stopped"}
+HTTP_TIMEOUT = 60.0
+USERNAME = "load-{:03d}"
+
+_EVENT_ROW = re.compile(r'<details class="event [^"]*" id="event-(\d+)">.*?<div class="muted">([^<]*)</div>', re.S)
+_FORM_TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
+_HEADER_TOKEN = re.compile(r'"X-CSRFToken": "([^"]+)"')
+_WS_CONNECT = re.compile(r'ws-connect="([^"]+)"')
+_ASSETS = re.compile(r'<(?:script[^>]+src|link[^>]+href)="(/static/[^"]+)"')
+
+
+@dataclass
+class LoadConfig:
+    users: int = 50
+    duration: float = 180.0  # seconds during which users start turns
+    latency_ms: int = 300  # the scripted LLM's answer time
+    workers: int = 8  # qcluster workers
+    agents: int = 2  # per turn; agent i makes 1 + (i % 2) skill calls
+    turns_per_conversation: int = 4
+    ramp: float = 15.0  # users start evenly spread over this many seconds
+    think: float = 1.0  # mean pause between a turn's answer and the next message
+    turn_timeout: float = 300.0
+    settle_timeout: float = 15.0  # how long a closing page waits for its socket to catch up
+    progress_every: float = 10.0
+    password: str = "load-test-password-1"
+    debug: bool = False  # DEBUG for daphne and the workers (off: as in production)
+
+    def plan(self) -> Plan:
+        agents = [Agent(f"l{i}", ["tasks.search"], [SKILL] * (1 + i % 2), report=f"l{i}: done")
+                  for i in range(self.agents)]
+        return Plan(agents, answer="Load turn done.")
+
+    @property
+    def skill_calls_per_turn(self) -> int:
+        return sum(1 + i % 2 for i in range(self.agents))
+
+    @property
+    def llm_calls_per_turn(self) -> int:
+        return 4 + sum(2 + i % 2 for i in range(self.agents))  # orchestrator 4; agent: calls + report
+
+
+# --- servers ------------------------------------------------------------------------------
+
+
+class Daphne(ManagedProcess):
+    """`daphne` on a socket bound here (no window in which another process takes the port)."""
+
+    def __init__(self, process: subprocess.Popen, log_path: Path, url: str):
+        super().__init__(process, log_path)
+        self.url = url
+
+    @classmethod
+    def start(cls, *, env: dict[str, str], log_path: Path) -> Daphne:
+        environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "assistant.settings", "PYTHONUNBUFFERED": "1",
+                       "DATABASE_URL": database_url(), **env}
+        with socket.create_server(("127.0.0.1", 0), backlog=512) as listener, open(log_path, "wb") as log:
+            port = listener.getsockname()[1]
+            process = subprocess.Popen(
+                [str(Path(sys.executable).with_name("daphne")), "--fd", str(listener.fileno()),
+                 "assistant.asgi:application"],
+                cwd=settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=[listener.fileno()],
+            )
+        return cls(process, log_path, f"http://127.0.0.1:{port}")
+
+    def wait_ready(self) -> None:
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ProcessError(f"daphne exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                with direct.open(f"{self.url}/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        raise ProcessError(f"daphne not ready after {STARTUP_SECONDS}s:\n{self.log_tail()}")
+
+
+def server_env(config: LoadConfig, llm_url: str) -> dict[str, str]:
+    """What daphne and the workers share. REDIS_URL comes from this process's environment."""
+    env = {
+        "ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": llm_url, "OPENAI_API_KEY": "load",
+        "ASSISTANT_LLM_MAX_RETRIES": "0", "ASSISTANT_LLM_TIMEOUT_SECONDS": "120",
+        "DJANGO_ALLOW_ASYNC_UNSAFE": "",
+    }
+    if not config.debug:  # production-like: no query log, no debug pages; plain HTTP on loopback
+        env.update({"DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(40), "ALLOWED_HOSTS": "127.0.0.1,localhost",
+                    "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
+                    "SECURE_HSTS_SECONDS": "0"})
+    return env
+
+
+def ensure_users(count: int, password: str) -> list[str]:
+    """load-000 … with `password` (hashed once: the same hash for all)."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.hashers import make_password
+
+    user_model = get_user_model()
+    names = [USERNAME.format(i) for i in range(count)]
+    hashed = make_password(password)
+    existing = set(user_model.objects.filter(username__in=names).values_list("username", flat=True))
+    user_model.objects.bulk_create([user_model(username=n, email=f"{n}@example.com", password=hashed)
+                                    for n in names if n not in existing])
+    user_model.objects.filter(username__in=names).update(password=hashed, is_active=True)
+    return names
+
+
+# --- measurements -------------------------------------------------------------------------
+
+
+@dataclass
+class SocketRecord:
+    """One page's socket (its reconnects included): what it received, and when."""
+
+    user: str
+    conversation_id: int
+    received: dict[int, float] = field(default_factory=dict)  # event id → arrival (epoch s)
+    types: dict[int, str] = field(default_factory=dict)
+    duplicates: int = 0
+    reconnects: int = 0
+    messages: int = 0
+    catch_up_s: float | None = None  # at close: how long until it had every event in the database
+
+
+class Stats:
+    def __init__(self, config: LoadConfig):
+        self.config = config
+        self.latencies: dict[str, list[float]] = {}  # kind → seconds
+        self.errors: Counter[str] = Counter()
+        self.error_samples: list[str] = []
+        self.sockets: list[SocketRecord] = []
+        self.open_sockets = 0
+        self.logged_in = 0
+        self.turns_started = 0
+        self.turns_completed = 0
+        self.turns_in_window = 0
+        self.turn_outcomes: Counter[str] = Counter()
+        self.started = time.monotonic()
+        self.deadline = self.started + config.duration
+
+    def stopping(self) -> bool:
+        return time.monotonic() >= self.deadline
+
+    def sample(self, kind: str, seconds: float) -> None:
+        self.latencies.setdefault(kind, []).append(seconds)
+
+    def error(self, kind: str, detail: str) -> None:
+        self.errors[kind] += 1
+        if len(self.error_samples) < 50:
+            self.error_samples.append(f"[{time.monotonic() - self.started:6.1f}s] {kind}: {detail}"[:500])
+
+    def progress(self) -> str:
+        elapsed = time.monotonic() - self.started
+        rate = self.turns_completed / max(elapsed, 1e-9) * 60
+        events = sum(len(s.received) for s in self.sockets)
+        return (f"  [{elapsed:5.0f}s] users {self.logged_in}/{self.config.users} · turns {self.turns_completed} done "
+                f"({rate:.1f}/min), {self.turns_started - sum(self.turn_outcomes.values())} in flight · "
+                f"sockets {self.open_sockets} open · events {events} · errors {sum(self.errors.values())}")
+
+
+# --- a virtual user -----------------------------------------------------------------------
+
+
+class PageSocket:
+    """The conversation page's socket, read as htmx's ws extension does (no pings)."""
+
+    def __init__(self, user: VirtualUser, record: SocketRecord, url: str):
+        self.user = user
+        self.record = record
+        self.url = url
+        self.finals: asyncio.Queue[tuple[str, int, float]] = asyncio.Queue()
+        self.closing = False
+        self.ws = None
+        self.reader: asyncio.Task | None = None
+
+    async def open(self) -> None:
+        self.ws = await self._connect()
+        self.user.stats.open_sockets += 1
+        self.reader = asyncio.create_task(self._read())
+
+    async def _connect(self):
+        from websockets.asyncio.client import connect
+
+        base = self.user.base_url
+        return await connect(
+            self.url, origin=base, additional_headers={"Cookie": self.user.cookie_header()}, proxy=None,
+            ping_interval=None, open_timeout=HTTP_TIMEOUT, max_size=2**24, max_queue=None,
+        )
+
+    async def _read(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        stats = self.user.stats
+        while True:
+            try:
+                async for message in self.ws:
+                    self._arrived(message if isinstance(message, str) else message.decode())
+            except ConnectionClosed:
+                pass
+            if self.closing:
+                return
+            code = self.ws.close_code
+            stats.error("socket closed", f"{self.user.username} conversation {self.record.conversation_id}: code {code} "
+                        f"{self.ws.close_reason!r}")
+            stats.open_sockets -= 1
+            await asyncio.sleep(1.0)  # htmx's ws extension backs off, then reconnects to the same URL
+            try:
+                self.ws = await self._connect()
+            except Exception as exc:  # noqa: BLE001 - reported; the turn will time out
+                stats.error("socket reconnect", f"{type(exc).__name__}: {exc}")
+                return
+            stats.open_sockets += 1
+            self.record.reconnects += 1
+
+    def _arrived(self, html: str) -> None:
+        now = time.time()
+        self.record.messages += 1
+        for match in _EVENT_ROW.finditer(html):
+            event_id, event_type = int(match.group(1)), match.group(2).strip()
+            if event_id in self.record.received:
+                self.record.duplicates += 1
+                continue
+            self.record.received[event_id] = now
+            self.record.types[event_id] = event_type
+            if event_type in FINAL_TYPES:
+                self.finals.put_nowait((event_type, event_id, time.monotonic()))
+
+    async def close(self) -> None:
+        """Like leaving the page, once the socket has every event the database has."""
+        started = time.monotonic()
+        deadline = started + self.user.stats.config.settle_timeout
+        while True:
+            stored = await asyncio.to_thread(event_ids, self.record.conversation_id)
+            if stored <= self.record.received.keys():
+                self.record.catch_up_s = round(time.monotonic() - started, 3)
+                break
+            if time.monotonic() > deadline:
+                break  # the final check reports what is missing
+            await asyncio.sleep(0.25)
+        self.closing = True
+        await self.ws.close()
+        if self.reader:
+            await self.reader
+        self.user.stats.open_sockets -= 1
+
+
+def event_ids(conversation_id: int) -> set[int]:
+    """From a worker thread of the driver's loop (no event loop there, so the ORM is allowed)."""
+    from orchestration.models import Event
+
+    try:
+        return set(Event.objects.filter(conversation_id=conversation_id).values_list("id", flat=True))
+    finally:
+        connection.close()
+
+
+class VirtualUser:
+    def __init__(self, index: int, base_url: str, stats: Stats):
+        import httpx
+
+        self.index = index
+        self.username = USERNAME.format(index)
+        self.base_url = base_url
+        self.stats = stats
+        self.http = httpx.AsyncClient(base_url=base_url, timeout=HTTP_TIMEOUT, follow_redirects=False,
+                                      trust_env=False, headers={"User-Agent": "assistant-load/1"})
+        self.turn_number = 0
+        self.list_page = None
+
+    def cookie_header(self) -> str:
+        return "; ".join(f"{c.name}={c.value}" for c in self.http.cookies.jar)
+
+    async def request(self, kind: str, method: str, path: str, *, expect: tuple[int, ...] = (200,), **kwargs):
+        """One timed request; a failure (an exception or an unexpected status) is an error."""
+        started = time.perf_counter()
+        try:
+            response = await self.http.request(method, path, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - httpx errors, timeouts: all reported
+            self.stats.error(f"{kind} failed", f"{method} {path}: {type(exc).__name__}: {exc}")
+            return None
+        if response.status_code not in expect:
+            self.stats.error(f"{kind} HTTP {response.status_code}", f"{method} {path}: {response.text[:200]!r}")
+            return None
+        self.stats.sample(kind, time.perf_counter() - started)
+        return response
+
+    def _form_headers(self, referer: str) -> dict[str, str]:
+        return {"Origin": self.base_url, "Referer": self.base_url + referer}
+
+    async def run(self) -> None:
+        config = self.stats.config
+        await asyncio.sleep(config.ramp * self.index / max(config.users, 1))
+        try:
+            if not await self.login():
+                return
+            self.stats.logged_in += 1
+            while not self.stats.stopping():
+                try:
+                    await self.conversation()
+                except Exception as exc:  # noqa: BLE001 - one bad conversation is an error, not the end
+                    self.stats.error("exception", f"{self.username}: {type(exc).__name__}: {exc}\n"
+                                     + "".join(traceback.format_exception(exc)[-3:]))
+                    await asyncio.sleep(1.0)
+        finally:
+            await self.http.aclose()
+
+    async def login(self) -> bool:
+        page = await self.request("login page", "GET", "/login/")
+        if page is None:
+            return False
+        token = _FORM_TOKEN.search(page.text)
+        response = await self.request(
+            "login", "POST", "/login/", expect=(302,), headers=self._form_headers("/login/"),
+            data={"csrfmiddlewaretoken": token.group(1) if token else "", "username": self.username,
+                  "password": self.stats.config.password, "next": ""})
+        if response is None:
+            return False
+        if response.headers.get("location") != "/":
+            self.stats.error("login refused", f"{self.username}: redirected to {response.headers.get('location')}")
+            return False
+        self.list_page = await self.request("list", "GET", "/")
+        if self.list_page is not None:
+            for asset in dict.fromkeys(_ASSETS.findall(self.list_page.text)):  # once: the browser caches them
+                await self.request("static", "GET", asset)
+        return self.list_page is not None
+
+    async def conversation(self) -> None:
+        config = self.stats.config
+        listing = self.list_page or await self.request("list", "GET", "/")
+        self.list_page = None
+        if listing is None:
+            await asyncio.sleep(1.0)
+            return
+        token = _FORM_TOKEN.search(listing.text)
+        created = await self.request("create", "POST", "/conversations/new/", expect=(302,),
+                                     headers=self._form_headers("/"),
+                                     data={"csrfmiddlewaretoken": token.group(1) if token else ""})
+        if created is None:
+            await asyncio.sleep(1.0)
+            return
+        path = created.headers["location"]
+        conversation_id = int(path.rstrip("/").rsplit("/", 1)[1])
+        page = await self.request("page", "GET", path)
+        if page is None:
+            return
+        ws_path = _WS_CONNECT.search(page.text).group(1)
+        header_token = _HEADER_TOKEN.search(page.text).group(1)
+        form_token = _FORM_TOKEN.search(page.text).group(1)
+        record = SocketRecord(user=self.username, conversation_id=conversation_id)
+        self.stats.sockets.append(record)
+        socket_ = PageSocket(self, record, "ws" + self.base_url.removeprefix("http") + ws_path)
+        try:
+            await socket_.open()
+        except Exception as exc:  # noqa: BLE001
+            self.stats.error("socket open failed", f"{self.username}: {type(exc).__name__}: {exc}")
+            return
+        try:
+            for _ in range(config.turns_per_conversation):
+                if self.stats.stopping() or not await self.turn(socket_, path, header_token, form_token):
+                    break
+                await asyncio.sleep(random.uniform(0.5, 1.5) * config.think)
+        finally:
+            await socket_.close()
+        self.list_page = await self.request("list", "GET", "/")  # back to the list
+
+    async def turn(self, socket_: PageSocket, path: str, header_token: str, form_token: str) -> bool:
+        stats = self.stats
+        self.turn_number += 1
+        started = time.monotonic()
+        posted = await self.request(
+            "post", "POST", path + "messages/",
+            headers={"HX-Request": "true", "HX-Current-URL": self.base_url + path, "X-CSRFToken": header_token,
+                     **self._form_headers(path)},
+            data={"csrfmiddlewaretoken": form_token, "text": f"Load test {self.username}, message {self.turn_number}"})
+        if posted is None:
+            return False
+        stats.turns_started += 1
+        try:
+            event_type, event_id, seen = await asyncio.wait_for(socket_.finals.get(), stats.config.turn_timeout)
+        except asyncio.TimeoutError:
+            stats.turn_outcomes["timeout"] += 1
+            stats.error("turn timeout", f"{self.username} {path}: no final event after {stats.config.turn_timeout}s")
+            return False
+        outcome = event_type.removeprefix("turn.")
+        stats.turn_outcomes[outcome] += 1
+        if outcome != "completed":
+            stats.error(f"turn {outcome}", f"{self.username} {path} (event {event_id})")
+            return False
+        stats.turns_completed += 1
+        stats.turns_in_window += seen <= stats.deadline
+        stats.sample("turn", seen - started)
+        return True
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+async def _drive(config: LoadConfig, base_url: str, stats: Stats, out: Callable[[str], None]) -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
+    users = [VirtualUser(i, base_url, stats) for i in range(config.users)]
+    tasks = [asyncio.create_task(user.run()) for user in users]
+
+    async def report():
+        while True:
+            await asyncio.sleep(config.progress_every)
+            out(stats.progress())
+
+    reporter = asyncio.create_task(report())
+    limit = config.ramp + config.duration + config.turn_timeout + config.settle_timeout + 60
+    done, pending = await asyncio.wait(tasks, timeout=limit)
+    reporter.cancel()
+    for task in pending:
+        stats.error("unfinished", f"a user still busy {limit:.0f}s after the start")
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=10)
+    for task in done:
+        if task.exception():
+            stats.error("exception", repr(task.exception()))
+
+
+def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: Path,
+             out: Callable[[str], None] = print) -> dict:
+    """Start the servers on this process's database, run the users, check and report."""
+    from orchestration.models import Event, Turn
+
+    own_server = server is None
+    server = server or ScriptedLLM().start()
+    server.respond, server.latency = config.plan(), config.latency_ms / 1000
+    requests_before, llm_errors_before = len(server.requests), len(server.errors)
+    ensure_users(config.users, config.password)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = server_env(config, server.url)
+    web = Daphne.start(env=env, log_path=log_dir / "daphne.log")
+    cluster = None
+    try:
+        cluster = Cluster.start(env=env, log_path=log_dir / "qcluster.log", workers=config.workers)
+        cluster.wait_ready()
+        warm = cluster.wait_warm(config.workers)
+        web.wait_ready()
+        out(f"{setup_name()}, daphne {web.url}, {config.workers} workers (warm after {warm:.1f}s), "
+            f"LLM {config.latency_ms} ms; logs in {log_dir}")
+        out(f"{config.users} users for {config.duration:.0f}s (ramp {config.ramp:.0f}s), {config.agents} agents "
+            f"and {config.skill_calls_per_turn} skill calls per turn, {config.turns_per_conversation} turns per page")
+        cpu_before = {"daphne": _cpu(web), "qcluster": _cpu(cluster), "driver": _own_cpu()}
+        stats = Stats(config)
+        asyncio.run(_drive(config, web.url, stats, out))
+        wall = time.monotonic() - stats.started
+        cpu = {"daphne": _cpu(web) - cpu_before["daphne"], "qcluster": _cpu(cluster) - cpu_before["qcluster"],
+               "driver": _own_cpu() - cpu_before["driver"]}
+        peak = {"daphne": _peak(web), "qcluster (largest process)": _peak(cluster)}
+        out(stats.progress())
+    finally:
+        web.stop()
+        if cluster:
+            cluster.stop()
+        if own_server:
+            server.stop()
+
+    # every socket against the database
+    conversation_ids = [s.conversation_id for s in stats.sockets]
+    stored: dict[int, dict[int, float]] = {cid: {} for cid in conversation_ids}
+    for event_id, conversation_id, created_at in Event.objects.filter(
+            conversation_id__in=conversation_ids).values_list("id", "conversation_id", "created_at"):
+        stored[conversation_id][event_id] = created_at.timestamp()
+    mismatched, event_latency = [], []
+    for record in stats.sockets:
+        in_db = stored[record.conversation_id]
+        missing = sorted(in_db.keys() - record.received.keys())
+        extra = sorted(record.received.keys() - in_db.keys())
+        if missing or extra:
+            mismatched.append({"user": record.user, "conversation": record.conversation_id,
+                               "missing": missing[:20], "extra": extra[:20], "missing_count": len(missing)})
+            stats.error("socket != database", f"conversation {record.conversation_id}: {len(missing)} missing, "
+                        f"{len(extra)} extra")
+        event_latency += [arrived - in_db[event_id] for event_id, arrived in record.received.items() if event_id in in_db]
+    turn_status = Counter(Turn.objects.filter(conversation_id__in=conversation_ids).values_list("status", flat=True))
+    llm_errors = server.errors[llm_errors_before:]
+    for message in llm_errors:
+        stats.error("LLM server", message)
+    llm_requests = len(server.requests) - requests_before
+
+    events_received = sum(len(s.received) for s in stats.sockets)
+    catch_up = [s.catch_up_s for s in stats.sockets if s.catch_up_s is not None]
+    return {
+        "measured_at": _now_label(),
+        "machine": _machine(),
+        "setup": setup_name(),
+        "config": {**asdict(config), "password": "…", "skill_calls_per_turn": config.skill_calls_per_turn,
+                   "llm_calls_per_turn": config.llm_calls_per_turn},
+        "wall_s": round(wall, 1),
+        "turns": {
+            "started": stats.turns_started, "completed": stats.turns_completed,
+            "completed_in_window": stats.turns_in_window,
+            "per_minute": round(stats.turns_in_window / config.duration * 60, 1),
+            "outcomes": dict(stats.turn_outcomes), "in_database": dict(turn_status),
+        },
+        "latency_ms": {kind: _figures(values) for kind, values in sorted(stats.latencies.items())}
+        | {"event": _figures(event_latency)},
+        "events": {"received": events_received, "in_database": sum(len(v) for v in stored.values()),
+                   "per_second": round(events_received / max(wall, 1e-9), 1)},
+        "sockets": {"count": len(stats.sockets), "equal_to_database": len(stats.sockets) - len(mismatched),
+                    "mismatched": mismatched[:20], "duplicates": sum(s.duplicates for s in stats.sockets),
+                    "reconnects": sum(s.reconnects for s in stats.sockets),
+                    "messages": sum(s.messages for s in stats.sockets),
+                    "catch_up_at_close_ms": _figures(catch_up)},
+        "errors": {"total": sum(stats.errors.values()), "by_kind": dict(stats.errors),
+                   "samples": stats.error_samples},
+        "llm_requests": llm_requests,
+        "cpu_seconds": {name: round(seconds, 1) for name, seconds in cpu.items()},
+        "peak_rss_mb": peak,
+        "logs": {"daphne": str(web.log_path), "qcluster": str(cluster.log_path)},
+    }
+
+
+def _figures(seconds: list[float]) -> dict:
+    if not seconds:
+        return {"n": 0}
+    ordered = sorted(seconds)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000, 1)
+
+    return {"n": len(ordered), "p50": at(0.5), "p95": at(0.95), "max": round(ordered[-1] * 1000, 1),
+            "mean": round(statistics.fmean(ordered) * 1000, 1)}
+
+
+def _cpu(process: ManagedProcess) -> float:
+    return sum(s.cpu_seconds for s in process.stats())
+
+
+def _peak(process: ManagedProcess) -> float:
+    return round(max((s.peak_rss_mb for s in process.stats()), default=0.0), 1)
+
+
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def setup_name() -> str:
+    return ("PostgreSQL" if connection.vendor == "postgresql" else "SQLite") + (
+        " + Redis" if settings.REDIS_URL else " (in-memory channel layer)")
+
+
+def _machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def _now_label() -> str:
+    from django.utils import timezone
+
+    return timezone.now().strftime("%Y-%m-%d %H:%M UTC")
+
+
+LATENCY_ROWS = [("page", "conversation page (GET)"), ("post", "message post (htmx)"),
+                ("event", "event: commit → socket"), ("turn", "turn: post → final event"),
+                ("list", "list page (GET)"), ("create", "new conversation (POST)"), ("login", "login (POST)")]
+
+
+def table(report: dict) -> str:
+    """The readable summary of a report."""
+    turns, sockets, errors = report["turns"], report["sockets"], report["errors"]
+    config = report["config"]
+    lines = [
+        f"{report['setup']} · {config['users']} users · {config['duration']:.0f} s · {config['workers']} workers · "
+        f"LLM {config['latency_ms']} ms · {config['agents']} agents/turn",
+        f"{'throughput':<26} {turns['per_minute']:>8.1f} turns/min ({turns['completed_in_window']} in "
+        f"{config['duration']:.0f} s; {turns['completed']} completed in all, {turns['started']} started)",
+        f"{'events':<26} {report['events']['received']:>8} received ({report['events']['per_second']}/s)",
+        f"{'errors':<26} {errors['total']:>8}" + (f"  {errors['by_kind']}" if errors["total"] else ""),
+        f"{'sockets == database':<26} {sockets['equal_to_database']:>4}/{sockets['count']:<3} "
+        f"(duplicates {sockets['duplicates']}, reconnects {sockets['reconnects']})",
+        f"{'CPU s':<26} " + ", ".join(f"{k} {v}" for k, v in report["cpu_seconds"].items()),
+        "",
+        f"{'latency (ms)':<26} {'n':>6} {'p50':>8} {'p95':>8} {'max':>8}",
+    ]
+    for kind, label in LATENCY_ROWS:
+        figures = report["latency_ms"].get(kind, {"n": 0})
+        if figures["n"]:
+            lines.append(f"{label:<26} {figures['n']:>6} {figures['p50']:>8.0f} {figures['p95']:>8.0f} "
+                         f"{figures['max']:>8.0f}")
+    return "\n".join(lines)
