@@ -59,6 +59,60 @@ async def test_other_users_socket_is_closed_4403(trail, bob):
     assert (await comm.receive_output())["code"] == 4403
 
 
+@pytest.mark.parametrize("conversation_id", [10**6, 2**63], ids=["missing", "beyond-bigint"])
+async def test_a_conversation_that_does_not_exist_is_closed_4403(trail, alice, conversation_id):
+    """The same close as for someone else's conversation: the socket tells no id apart."""
+    comm = communicator(conversation_id, alice)
+    await comm.connect()
+    assert await comm.receive_output() == {"type": "websocket.close", "code": 4403}
+
+
+async def test_staff_cannot_follow_someone_elses_conversation_live(trail, staff):
+    """Staff read audit trails (a page), not the owner's live chat."""
+    conversation, _, _ = trail
+    comm = communicator(conversation.pk, staff)
+    await comm.connect()
+    assert (await comm.receive_output())["code"] == 4403
+
+
+def session_cookie(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
+async def through_the_site(conversation_id: int, *, user=None, origin: bytes = b"http://testserver"):
+    """A socket opened through assistant.asgi's whole stack (origin check, session auth),
+    with `user`'s session cookie as the browser would send it."""
+    from assistant.asgi import application as site
+
+    headers = [(b"host", b"testserver"), (b"origin", origin)]
+    if user is not None:
+        headers.append((b"cookie", await database_sync_to_async(session_cookie)(user)))
+    comm = WebsocketCommunicator(site, f"/ws/conversations/{conversation_id}/", headers=headers)
+    return comm, await comm.connect()
+
+
+async def test_the_real_stack_closes_an_outsiders_session_4403(trail, bob, alice):
+    conversation, _, events = trail
+    comm, (connected, _) = await through_the_site(conversation.pk, user=bob)
+    assert connected and await comm.receive_output() == {"type": "websocket.close", "code": 4403}
+    comm, (connected, _) = await through_the_site(conversation.pk)
+    assert connected and await comm.receive_output() == {"type": "websocket.close", "code": 4403}
+    # the control: alice's own session cookie gets her events
+    comm, (connected, _) = await through_the_site(conversation.pk, user=alice)
+    assert connected and f'id="event-{events[0].pk}"' in await comm.receive_from()
+    await comm.disconnect()
+
+
+async def test_a_page_on_another_site_cannot_open_the_socket_with_the_owners_cookie(trail, alice):
+    """Cross-site WebSocket hijacking: the browser would send alice's cookie along."""
+    conversation, _, _ = trail
+    comm, (connected, _) = await through_the_site(conversation.pk, user=alice, origin=b"https://evil.example")
+    assert not connected
+    await comm.disconnect()
+
+
 async def test_owner_gets_every_event_in_order(trail, alice):
     conversation, _, events = trail
     comm = communicator(conversation.pk, alice)
