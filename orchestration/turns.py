@@ -12,6 +12,7 @@ from orchestration.history import message_append
 from orchestration.limits import Limits
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Message, Turn, TurnPause, TurnStatus
 from orchestration.tasks import enqueue_orchestrator_step
+from skills.validation import unstorable_text
 
 MAX_MESSAGE_CHARS = 8000
 
@@ -28,6 +29,11 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
         raise TurnRefused("The message is empty.")
     if len(text) > MAX_MESSAGE_CHARS:
         raise TurnRefused(f"The message is {len(text)} characters; the limit is {MAX_MESSAGE_CHARS}.")
+    # A NUL character (a form post can carry one; so can `manage.py ask`, as can lone
+    # surrogates from undecodable argv bytes) would crash PostgreSQL's INSERT with a 500.
+    problem = unstorable_text(text)
+    if problem:
+        raise TurnRefused(f"The message cannot be stored: {problem}.")
     try:
         with transaction.atomic():
             conversation = Conversation.objects.select_for_update(no_key=True).get(pk=conversation.pk)

@@ -61,12 +61,6 @@ def assert_not_found(got: dict[str, int], url: str) -> None:
     assert set(got.values()) <= NOT_THERE and 404 in got.values(), (url, got)
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """Nobody here logs in with a password (force_login): skip the deliberately slow hasher."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture(params=["paused", "idle"])
 def alices(request, alice) -> dict[str, int]:
     """alice's conversation, turn and more; the URL arguments that name them."""

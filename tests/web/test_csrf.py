@@ -21,11 +21,6 @@ from tests.web.sweep import all_routes, changes, snapshot
 APP_ROUTES = [route for route in all_routes() if not route.is_admin]
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def ids(alice) -> dict[str, int]:
     """alice's conversation with a paused turn: continue, stop would each change it."""
