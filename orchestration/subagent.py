@@ -9,7 +9,6 @@ up where the dead worker stopped, without asking the model or running a side eff
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -29,7 +28,7 @@ from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
 from orchestration.pauses import turn_pause
 from orchestration.prompts import agent_system_prompt, agent_task_message
-from orchestration.toolcalls import error_json
+from orchestration.toolcalls import error_json, load_json
 from orchestration.tooldefs import DISPATCH_AGENT, GET_AGENT_RESULTS
 from skills.executor import execute_skill
 from skills.tools import use_skill_tool
@@ -247,10 +246,9 @@ def _unique_ids(response: LLMResponse, messages: list[dict], step: int) -> LLMRe
 
 
 def _use_skill(dispatch: AgentDispatch, token: str, user, call) -> str:
-    try:
-        arguments = json.loads(call.arguments or "{}")
-    except json.JSONDecodeError as exc:
-        return error_json(f"arguments are not valid JSON ({exc.msg}); send {{\"skill\": ..., \"arguments\": {{...}}}}.")
+    arguments, error = load_json(call.arguments)
+    if error:
+        return error_json(f"{error}; send {{\"skill\": ..., \"arguments\": {{...}}}}.")
     if not isinstance(arguments, dict) or not isinstance(arguments.get("skill"), str):
         return error_json('use_skill needs {"skill": "<name>", "arguments": {...}}.')
     name, skill_arguments = arguments["skill"], arguments.get("arguments", {})

@@ -35,7 +35,13 @@ from skills.breaker import breaker_admit, breaker_record
 from skills.models import ExecutionStatus
 from skills.registry import UnknownSkill, get_skill
 from skills.timeouts import SkillTimeout, deadline
-from skills.validation import payload_size, unstorable_text, validate_arguments
+from skills.validation import (
+    MAX_NESTING,
+    nested_too_deep,
+    payload_size,
+    unstorable_text,
+    validate_arguments,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -312,6 +318,8 @@ def _from_row(row, *, replayed: bool) -> SkillOutcome:
 
 def _storable(arguments: object) -> object:
     """The arguments as the audit row keeps them: as sent, unless too big or not JSON."""
+    if nested_too_deep(arguments):  # even a preview would have to walk them recursively
+        return {"unstorable": f"nested more than {MAX_NESTING} levels deep"}
     size = payload_size(arguments)
     if size is None or unstorable_text(arguments):
         return {"unstorable": ascii(arguments)[:_STORED_PREVIEW_CHARS]}

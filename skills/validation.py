@@ -18,6 +18,11 @@ from jsonschema import Draft202012Validator, FormatChecker, ValidationError
 from skills.base import Skill
 
 MAX_PROBLEMS = 20
+# No skill's schema nests deeper than a few levels. Deeper arguments are refused before
+# anything walks them recursively (size, text checks, JSON Schema, storing the row), where
+# a few thousand levels would raise RecursionError and fail the whole agent instead of
+# answering the model.
+MAX_NESTING = 32
 
 # Only the formats our schemas use, checked with the same parsers the handlers use
 # (jsonschema's own date-time check needs an extra package and is stricter than Python).
@@ -57,11 +62,29 @@ _FORMAT_NAMES = {
 }
 
 
+def nested_too_deep(value: object, limit: int = MAX_NESTING) -> bool:
+    """Whether lists/dicts in `value` nest more than `limit` levels (walked without recursion).
+
+    `{"a": [1]}` nests 2 levels: after `limit` steps down, no list or dict may be left.
+    """
+    level = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            if isinstance(item, (list, dict))
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return False
+    return any(isinstance(item, (list, dict)) for item in level)
+
+
 def payload_size(arguments: object) -> int | None:
     """Bytes of the compact JSON encoding; None when it is not JSON at all."""
     try:
         text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return None
     return len(text.encode(errors="surrogatepass"))
 
@@ -89,6 +112,8 @@ def unstorable_text(value: object) -> str | None:
 
 def validate_arguments(skill: Skill, arguments: object) -> list[str]:
     """Readable problems with `arguments` for `skill`; an empty list means valid."""
+    if nested_too_deep(arguments):
+        return [f"arguments nest more than {MAX_NESTING} levels deep"]
     size = payload_size(arguments)
     if size is None:
         return ["arguments must be plain JSON"]

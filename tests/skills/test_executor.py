@@ -144,6 +144,20 @@ class TestRefusals:
         assert call("tasks.\x00\udc80", {}).error_kind == "unknown_skill"
         assert SkillExecution.objects.get().skill == "tasks.\\x00\\udc80"
 
+    # 33: just past the cap; 900 and 5000: deep enough that walking them recursively (size,
+    # text checks, a preview for the row) raised RecursionError and failed the whole agent
+    @pytest.mark.parametrize("depth", [33, 900, 5000])
+    def test_deeply_nested_arguments_are_refused_and_recorded(self, call, echo, runs, depth):
+        value = "x"
+        for _ in range(depth):
+            value = [value]
+        outcome = call("testing.echo", {"text": value})
+        assert (outcome.error_kind, outcome.problems) == (
+            "invalid_arguments", ("arguments nest more than 32 levels deep",),
+        )
+        assert runs == []
+        assert SkillExecution.objects.get().arguments == {"unstorable": "nested more than 32 levels deep"}
+
     def test_oversized_arguments_are_stored_as_a_preview(self, call, echo, settings):
         settings.SKILLS_MAX_ARGUMENT_BYTES = 100
         outcome = call("testing.echo", {"text": "x" * 5000})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skills.registry import get_skill
-from skills.validation import validate_arguments
+from skills.validation import nested_too_deep, validate_arguments
 
 
 def problems(skill: str, arguments) -> list[str]:
@@ -99,3 +99,24 @@ def test_the_whole_payload_is_capped(settings):
     assert problems("memory.save", {"text": "é" * 30}) == [
         "arguments are 71 bytes of JSON; the limit is 50"
     ]
+
+
+def nested(depth: int, leaf: object = "x") -> object:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+@pytest.mark.parametrize(
+    ("value", "depth"),
+    [("x", 0), ({}, 1), ({"a": 1}, 1), ({"a": [1]}, 2), ([[[]]], 3), ({"a": nested(31)}, 32),
+     ({"a": "x", "b": [{"c": nested(30)}]}, 33), ({"a": nested(5000)}, 5001)],
+)
+def test_nesting_is_measured_without_recursion(value, depth):
+    assert nested_too_deep(value, limit=depth) is False
+    assert nested_too_deep(value, limit=depth - 1) is (depth > 0)
+
+
+def test_arguments_nested_past_the_cap_are_one_clear_problem():
+    assert problems("memory.save", {"text": nested(32)}) == ["arguments nest more than 32 levels deep"]
+    assert problems("memory.save", {"text": nested(31)}) == ["'text' must be a string"]
