@@ -250,6 +250,22 @@ class TestSymlinks:
         assert outcome.error.endswith("outside your workspace")
         assert not (tmp_path / "not-there-yet.txt").exists()
 
+    def test_a_loop_of_links_is_a_plain_refusal(self, call, ok, root, caplog):
+        ok("files.list", {})
+        os.symlink(root / "a", root / "b")
+        os.symlink(root / "b", root / "a")
+        for skill, arguments in [
+            ("files.read", {"path": "a"}),
+            ("files.read", {"path": "b/inside.txt"}),
+            ("files.write", {"path": "a", "content": "x"}),
+            ("files.append", {"path": "b", "content": "x"}),
+            ("files.list", {"path": "a"}),
+        ]:
+            outcome = call(skill, arguments)
+            assert outcome.error == f"path {arguments['path']!r} is a loop of links", skill
+            assert str(root) not in outcome.as_tool_content()  # no server path for the model
+        assert "failed unexpectedly" not in caplog.text
+
     def test_a_link_that_stays_inside_is_fine(self, ok, root):
         ok("files.write", {"path": "real.txt", "content": "hello"})
         os.symlink(root / "real.txt", root / "alias.txt")

@@ -35,7 +35,13 @@ def resolve(user, path: str, *, directory: bool = False) -> tuple[Path, Path]:
     `directory=True` allows the workspace itself ("" or ".") for listing."""
     _check_text(path)
     root = workspace_root(user)
-    target = (root / path).resolve()
+    try:
+        target = (root / path).resolve()
+    except (RuntimeError, OSError):
+        # A loop of links (RuntimeError before Python 3.13, OSError ELOOP since): a plain
+        # refusal, not an "unexpected" failure that leaks the server's path to the model
+        # and counts against the skill's circuit breaker.
+        raise SkillError(f"path {path!r} is a loop of links") from None
     if target != root and not target.is_relative_to(root):
         raise SkillError(f"path {path!r} leads outside your workspace")
     if not directory and (target == root or path.endswith("/")):
