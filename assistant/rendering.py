@@ -17,6 +17,16 @@ ALLOWED_TAGS = {
     "h1", "h2", "h3", "h4", "hr", "table", "thead", "tbody", "tr", "th", "td",
 }
 ALLOWED_ATTRIBUTES = {"a": {"href", "title"}}
+_LINK_PREFIXES = ("http://", "https://", "mailto:")
+
+
+def _absolute_links_only(tag: str, attribute: str, value: str) -> str | None:
+    """nh3's url_schemes vets absolute URLs only and lets relative ones through
+    ("/admin/…", "//evil.example", "java%0Ascript:…"): inert, but not the promised
+    "only http(s)/mailto links". The model must name a link's site outright."""
+    if attribute == "href" and not value.lower().startswith(_LINK_PREFIXES):
+        return None
+    return value
 
 
 def render_markdown(text: str) -> str:
@@ -24,6 +34,7 @@ def render_markdown(text: str) -> str:
         _markdown.render(text or ""),
         tags=ALLOWED_TAGS,
         attributes=ALLOWED_ATTRIBUTES,
+        attribute_filter=_absolute_links_only,
         url_schemes={"http", "https", "mailto"},
         link_rel="noopener noreferrer nofollow",
     )
