@@ -4,7 +4,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install run test migrate demo bench load clean
+.PHONY: install run test migrate demo bench load audit clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,26 @@ load: install
 	psql "$(dir $(LOAD_PG))postgres" -qc 'DROP DATABASE IF EXISTS $(notdir $(LOAD_PG))' -c 'CREATE DATABASE $(notdir $(LOAD_PG))'
 	DATABASE_URL=$(LOAD_PG) $(BIN)/python manage.py migrate --noinput -v0
 	DATABASE_URL=$(LOAD_PG) REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python manage.py loadtest --users 50 --duration 180 --output bench-results/load.json $(LOAD_ARGS)
+
+## Security checks, in seconds: bandit over our code (fails on medium or high severity; a
+## `# nosec` needs its reason beside it) and pip-audit over the installed packages, the
+## project itself excepted (fails on a known vulnerability). pip-audit looks each release up
+## in PyPI's JSON API; packages it could not look up are counted in a warning (the list is in
+## var/pip-audit.txt), and PIP_AUDIT_ARGS=--strict makes them an error.
+$(VENV)/.audit-installed: pyproject.toml | $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[audit]'
+	touch $@
+
+audit: install $(VENV)/.audit-installed
+	$(BIN)/bandit -q -r assistant orchestration skills -ll
+	@mkdir -p var
+	@$(BIN)/pip-audit --skip-editable --progress-spinner off $(PIP_AUDIT_ARGS) >var/pip-audit.txt 2>&1; \
+	status=$$?; grep -v 'could not be audited' var/pip-audit.txt; \
+	unchecked=$$(grep -c 'could not be audited' var/pip-audit.txt); \
+	if [ "$$unchecked" -gt 0 ]; then \
+		echo "make audit: WARNING: pip-audit could not look up $$unchecked packages (see var/pip-audit.txt); is https://pypi.org/pypi/NAME/VERSION/json reachable from here?"; \
+	fi; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
