@@ -1,0 +1,99 @@
+"""The dashboard socket under load (issue 7, `make load`): a burst of events costs a few
+reads of the log, not one per event, and the socket's database work does not queue on
+the thread that channels shares among all consumers (where, at 50 sockets, handshakes
+waited past daphne's 5 s timeout).
+
+The rest of the socket's behaviour (auth, replay, order) is in tests/web/test_consumer.py.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.db import transaction
+
+from assistant import consumers, live
+from assistant.routing import websocket_urlpatterns
+from orchestration.events import event_record
+from orchestration.models import Event
+from tests.factories import conversation_for, turn_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+application = URLRouter(websocket_urlpatterns)
+EVENT_ID = re.compile(r'id="event-(\d+)"')
+
+
+def communicator(conversation_id: int, user, last: int = 0) -> WebsocketCommunicator:
+    comm = WebsocketCommunicator(application, f"/ws/conversations/{conversation_id}/?last={last}")
+    comm.scope["user"] = user
+    comm.scope["url_route"] = {"kwargs": {"conversation_id": conversation_id}}
+    return comm
+
+
+@pytest.fixture
+def started(alice):
+    conversation = conversation_for(alice)
+    turn = turn_for(conversation)
+    first = Event.objects.create(conversation=conversation, turn=turn, type="turn.started", summary="Turn 1 started")
+    return conversation, turn, first
+
+
+async def test_a_burst_of_events_is_read_a_few_times_not_once_per_event(started, alice, monkeypatch):
+    conversation, turn, first = started
+    reads = []
+    new_events = live.Cursor.new_events
+
+    def counted(cursor, conversation_id):  # a slow read, as on a busy machine
+        events = new_events(cursor, conversation_id)
+        reads.append(len(events))
+        time.sleep(0.1)
+        return events
+
+    monkeypatch.setattr(live.Cursor, "new_events", counted)
+    monkeypatch.setattr(consumers, "poll_interval", lambda: 60.0)  # count the announcements' reads only
+    comm = communicator(conversation.pk, alice, last=first.pk)
+    assert (await comm.connect())[0]
+    assert await comm.receive_nothing(timeout=0.3)
+    reads.clear()
+
+    def burst() -> list[int]:
+        with transaction.atomic():  # 20 events, announced one after another on commit
+            return [event_record(type="orchestrator.llm_call", turn=turn, summary=f"call {i}").pk for i in range(20)]
+
+    created = await database_sync_to_async(burst)()
+    seen: list[int] = []
+    while set(seen) != set(created):
+        seen += [int(i) for i in EVENT_ID.findall(await comm.receive_from(timeout=3))]
+    assert sorted(seen) == created  # each exactly once
+    assert await comm.receive_nothing(timeout=1.0)
+    # the first announcement's read finds all 20; the other 19 arrive during it: one more
+    assert reads[0] == 20 and len(reads) <= 2, reads
+    await comm.disconnect()
+
+
+async def test_the_sockets_database_work_is_not_on_the_shared_sync_thread(started, alice, monkeypatch):
+    """channels runs thread-sensitive calls of every consumer on one thread; the socket's
+    reads (a few queries and a render each) go to the loop's pool instead."""
+    conversation, _, first = started
+    threads = []
+    new_events = live.Cursor.new_events
+
+    def recorded(cursor, conversation_id):
+        threads.append(threading.current_thread())
+        return new_events(cursor, conversation_id)
+
+    monkeypatch.setattr(live.Cursor, "new_events", recorded)
+    shared = await sync_to_async(threading.current_thread, thread_sensitive=True)()
+    comm = communicator(conversation.pk, alice)
+    assert (await comm.connect())[0]
+    assert f'id="event-{first.pk}"' in await comm.receive_from(timeout=3)
+    await comm.disconnect()
+    assert threads and shared not in threads
