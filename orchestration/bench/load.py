@@ -57,6 +57,8 @@ SKILL = ("tasks.search", {"status": "open"})
 FINAL_TYPES = {"turn.completed", "turn.failed", "turn.paused", "turn.stopped"}
 HTTP_TIMEOUT = 60.0
 USERNAME = "load-{:03d}"
+STEADY_AFTER_RAMP = 15.0  # seconds: the last users' logins are done
+STEADY_KINDS = ("page", "post", "event", "turn")
 
 _EVENT_ROW = re.compile(r'<details class="event [^"]*" id="event-(\d+)">.*?<div class="muted">([^<]*)</div>', re.S)
 _FORM_TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
@@ -72,7 +74,7 @@ class LoadConfig:
     latency_ms: int = 300  # the scripted LLM's answer time
     workers: int = 8  # qcluster workers
     agents: int = 2  # per turn; agent i makes 1 + (i % 2) skill calls
-    turns_per_conversation: int = 4
+    turns_per_conversation: int = 2
     ramp: float = 15.0  # users start evenly spread over this many seconds
     think: float = 1.0  # mean pause between a turn's answer and the next message
     turn_timeout: float = 300.0
@@ -184,7 +186,7 @@ class SocketRecord:
 class Stats:
     def __init__(self, config: LoadConfig):
         self.config = config
-        self.latencies: dict[str, list[float]] = {}  # kind → seconds
+        self.latencies: dict[str, list[tuple[float, float]]] = {}  # kind → (start in the run, seconds)
         self.errors: Counter[str] = Counter()
         self.error_samples: list[str] = []
         self.sockets: list[SocketRecord] = []
@@ -195,13 +197,14 @@ class Stats:
         self.turns_in_window = 0
         self.turn_outcomes: Counter[str] = Counter()
         self.started = time.monotonic()
+        self.started_epoch = time.time()
         self.deadline = self.started + config.duration
 
     def stopping(self) -> bool:
         return time.monotonic() >= self.deadline
 
     def sample(self, kind: str, seconds: float) -> None:
-        self.latencies.setdefault(kind, []).append(seconds)
+        self.latencies.setdefault(kind, []).append((time.monotonic() - self.started - seconds, seconds))
 
     def error(self, kind: str, detail: str) -> None:
         self.errors[kind] += 1
@@ -501,12 +504,14 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
             f"LLM {config.latency_ms} ms; logs in {log_dir}")
         out(f"{config.users} users for {config.duration:.0f}s (ramp {config.ramp:.0f}s), {config.agents} agents "
             f"and {config.skill_calls_per_turn} skill calls per turn, {config.turns_per_conversation} turns per page")
-        cpu_before = {"daphne": _cpu(web), "qcluster": _cpu(cluster), "driver": _own_cpu()}
+        cpu_before = {"daphne": _cpu(web), "qcluster": _cpu(cluster), "driver": _own_cpu(), **_services_cpu()}
+        ticks_before = _machine_ticks()
         stats = Stats(config)
         asyncio.run(_drive(config, web.url, stats, out))
         wall = time.monotonic() - stats.started
-        cpu = {"daphne": _cpu(web) - cpu_before["daphne"], "qcluster": _cpu(cluster) - cpu_before["qcluster"],
-               "driver": _own_cpu() - cpu_before["driver"]}
+        cpu_after = {"daphne": _cpu(web), "qcluster": _cpu(cluster), "driver": _own_cpu(), **_services_cpu()}
+        cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
+        busy, total = (after - before for after, before in zip(_machine_ticks(), ticks_before))
         peak = {"daphne": _peak(web), "qcluster (largest process)": _peak(cluster)}
         out(stats.progress())
     finally:
@@ -532,13 +537,16 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
                                "missing": missing[:20], "extra": extra[:20], "missing_count": len(missing)})
             stats.error("socket != database", f"conversation {record.conversation_id}: {len(missing)} missing, "
                         f"{len(extra)} extra")
-        event_latency += [arrived - in_db[event_id] for event_id, arrived in record.received.items() if event_id in in_db]
+        event_latency += [(in_db[event_id] - stats.started_epoch, arrived - in_db[event_id])
+                          for event_id, arrived in record.received.items() if event_id in in_db]
     turn_status = Counter(Turn.objects.filter(conversation_id__in=conversation_ids).values_list("status", flat=True))
     llm_errors = server.errors[llm_errors_before:]
     for message in llm_errors:
         stats.error("LLM server", message)
     llm_requests = len(server.requests) - requests_before
 
+    samples = {**stats.latencies, "event": event_latency}
+    steady_from = config.ramp + STEADY_AFTER_RAMP
     events_received = sum(len(s.received) for s in stats.sockets)
     catch_up = [s.catch_up_s for s in stats.sockets if s.catch_up_s is not None]
     return {
@@ -554,8 +562,11 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
             "per_minute": round(stats.turns_in_window / config.duration * 60, 1),
             "outcomes": dict(stats.turn_outcomes), "in_database": dict(turn_status),
         },
-        "latency_ms": {kind: _figures(values) for kind, values in sorted(stats.latencies.items())}
-        | {"event": _figures(event_latency)},
+        "latency_ms": {kind: _figures([v for _, v in values]) for kind, values in sorted(samples.items())},
+        # after the ramp and the logins (PBKDF2 on 2 cores), until the end of the duration
+        "steady_from_s": steady_from,
+        "steady_latency_ms": {kind: _figures([v for t, v in values if steady_from <= t <= config.duration])
+                              for kind, values in sorted(samples.items()) if kind in STEADY_KINDS},
         "events": {"received": events_received, "in_database": sum(len(v) for v in stored.values()),
                    "per_second": round(events_received / max(wall, 1e-9), 1)},
         "sockets": {"count": len(stats.sockets), "equal_to_database": len(stats.sockets) - len(mismatched),
@@ -567,6 +578,7 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
                    "samples": stats.error_samples},
         "llm_requests": llm_requests,
         "cpu_seconds": {name: round(seconds, 1) for name, seconds in cpu.items()},
+        "machine_cpu_busy_pct": round(100 * busy / max(total, 1), 1),
         "peak_rss_mb": peak,
         "logs": {"daphne": str(web.log_path), "qcluster": str(cluster.log_path)},
     }
@@ -590,6 +602,38 @@ def _cpu(process: ManagedProcess) -> float:
 
 def _peak(process: ManagedProcess) -> float:
     return round(max((s.peak_rss_mb for s in process.stats()), default=0.0), 1)
+
+
+def _services_cpu() -> dict[str, float]:
+    """CPU seconds of this machine's PostgreSQL and Redis servers so far (their exited
+    children included: a PostgreSQL backend per connection)."""
+    procs: dict[int, tuple[str, int, list[str]]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            name = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            procs[int(entry)] = (name, int(fields[1]), fields)
+    totals = {"postgres": 0.0, "redis": 0.0}
+    for name, parent, fields in procs.values():
+        service = "postgres" if name == "postgres" else "redis" if name.startswith("redis-server") else None
+        if service is None:
+            continue
+        ticks = int(fields[11]) + int(fields[12])  # utime + stime
+        if procs.get(parent, ("",))[0] != name:  # the server's main process: its reaped children too
+            ticks += int(fields[13]) + int(fields[14])
+        totals[service] += ticks / os.sysconf("SC_CLK_TCK")
+    return totals
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values[:8]) - idle, sum(values[:8])
 
 
 def _own_cpu() -> float:
@@ -630,7 +674,8 @@ def table(report: dict) -> str:
         f"{'errors':<26} {errors['total']:>8}" + (f"  {errors['by_kind']}" if errors["total"] else ""),
         f"{'sockets == database':<26} {sockets['equal_to_database']:>4}/{sockets['count']:<3} "
         f"(duplicates {sockets['duplicates']}, reconnects {sockets['reconnects']})",
-        f"{'CPU s':<26} " + ", ".join(f"{k} {v}" for k, v in report["cpu_seconds"].items()),
+        f"{'CPU s':<26} " + ", ".join(f"{k} {v}" for k, v in report["cpu_seconds"].items())
+        + f" (machine {report['machine_cpu_busy_pct']:.0f} % busy)",
         "",
         f"{'latency (ms)':<26} {'n':>6} {'p50':>8} {'p95':>8} {'max':>8}",
     ]
@@ -639,4 +684,12 @@ def table(report: dict) -> str:
         if figures["n"]:
             lines.append(f"{label:<26} {figures['n']:>6} {figures['p50']:>8.0f} {figures['p95']:>8.0f} "
                          f"{figures['max']:>8.0f}")
+    steady = {kind: figures for kind, figures in report["steady_latency_ms"].items() if figures["n"]}
+    if steady:
+        lines += ["", f"steady state ({report['steady_from_s']:.0f}–{config['duration']:.0f} s)"]
+        for kind, label in LATENCY_ROWS:
+            if kind in steady:
+                figures = steady[kind]
+                lines.append(f"{label:<26} {figures['n']:>6} {figures['p50']:>8.0f} {figures['p95']:>8.0f} "
+                             f"{figures['max']:>8.0f}")
     return "\n".join(lines)
