@@ -69,6 +69,8 @@ class Turn(models.Model):
     # The orchestrator step's lease (crash safety) and delivery count (dead-lettering).
     lease_token = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # When its step was last handed to the broker and not yet claimed (see the reaper).
+    queued_at = models.DateTimeField(null=True, blank=True)
     step_attempts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
@@ -261,6 +263,8 @@ class AgentDispatch(models.Model):
     lease_token = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When its task was last handed to the broker and not yet claimed (see the reaper).
+    queued_at = models.DateTimeField(null=True, blank=True)
     # A delegating agent back in `created` until its own agents finish (no worker held):
     # {"tool_call_id", "agent_ids"} of the get_agent_results call it is waiting on.
     awaiting = models.JSONField(default=dict, blank=True)

@@ -77,7 +77,8 @@ def _claim(turn_id: int) -> str | None:
     claimed = (
         Turn.objects.filter(pk=turn_id, status=TurnStatus.RUNNING)
         .exclude(lease_expires_at__gt=now)
-        .update(lease_token=token, lease_expires_at=lease_until(), step_attempts=F("step_attempts") + 1)
+        .update(lease_token=token, lease_expires_at=lease_until(), queued_at=None,
+                step_attempts=F("step_attempts") + 1)
     )
     return token if claimed else None
 

@@ -2,13 +2,16 @@
 
 A running dispatch or orchestrator step whose lease expired is handed out again, up to
 ASSISTANT_MAX_STEP_ATTEMPTS deliveries; past that it is dead-lettered with an error the
-user sees. A waiting turn whose agents are all done is woken, and so is a delegating
-agent waiting on its own agents, in case the wake-up was lost with a worker.
+user sees. Work queued longer than a lease ago and still unclaimed is queued again: its
+task may have died with a killed cluster (a duplicate delivery is a no-op claim). A
+waiting turn whose agents are all done is woken, and so is a delegating agent waiting
+on its own agents, in case the wake-up was lost with a worker.
 """
 
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -26,7 +29,7 @@ logger = logging.getLogger(__name__)
 def reap_expired() -> dict:
     now = timezone.now()
     counts = {"dispatches_requeued": 0, "dispatches_dead": 0, "turns_requeued": 0, "turns_dead": 0, "turns_woken": 0,
-              "parents_woken": 0}
+              "parents_woken": 0, "queued_again": 0}
     for dispatch in AgentDispatch.objects.filter(state=DispatchState.RUNNING, lease_expires_at__lt=now):
         counts["dispatches_dead" if _reap_dispatch(dispatch) else "dispatches_requeued"] += 1
     for turn in Turn.objects.filter(status=TurnStatus.RUNNING, lease_expires_at__lt=now):
@@ -37,6 +40,7 @@ def reap_expired() -> dict:
         elif Turn.objects.filter(pk=turn.pk, lease_token=turn.lease_token).update(lease_token="", lease_expires_at=None):
             enqueue_orchestrator_step(turn.pk)
             counts["turns_requeued"] += 1
+    counts["queued_again"] = _requeue_unclaimed(now - timedelta(seconds=settings.ASSISTANT_LEASE_SECONDS))
     for turn in Turn.objects.filter(status=TurnStatus.WAITING):
         with transaction.atomic():
             counts["turns_woken"] += lifecycle.orchestrator_wake_if_ready(lifecycle.lock_turn(turn.pk))
@@ -50,6 +54,21 @@ def reap_expired() -> dict:
     if any(counts.values()):
         logger.warning("Reaper: %s", counts)
     return counts
+
+
+def _requeue_unclaimed(queued_before) -> int:
+    turns = Turn.objects.filter(status=TurnStatus.RUNNING, lease_token="", queued_at__lt=queued_before)
+    dispatches = AgentDispatch.objects.filter(
+        state=DispatchState.CREATED, queued_at__lt=queued_before,
+        turn__status__in=[TurnStatus.RUNNING, TurnStatus.WAITING],
+    )
+    turn_ids = list(turns.values_list("pk", flat=True))
+    dispatch_ids = list(dispatches.values_list("pk", flat=True))
+    for turn_id in turn_ids:
+        enqueue_orchestrator_step(turn_id)
+    for dispatch_id in dispatch_ids:
+        enqueue_subagent(dispatch_id)
+    return len(turn_ids) + len(dispatch_ids)
 
 
 @transaction.atomic

@@ -97,7 +97,7 @@ def _claim(dispatch_id: int) -> str | None:
     awaited = AgentDispatch.objects.filter(pk=dispatch_id).values_list("awaiting", flat=True).first()
     claimed = AgentDispatch.objects.filter(pk=dispatch_id, state=DispatchState.CREATED).update(
         state=DispatchState.RUNNING, lease_token=token, lease_expires_at=lease_until(),
-        heartbeat_at=now, attempts=F("attempts") + 1, awaiting={},
+        heartbeat_at=now, queued_at=None, attempts=F("attempts") + 1, awaiting={},
     )
     if not claimed:
         return None

@@ -23,8 +23,8 @@ from django_q.conf import Conf
 from django_q.models import Schedule
 
 from orchestration.bench import processes
-from orchestration.bench.processes import STARTUP_SECONDS, database_url  # noqa: F401 - re-exported
 from orchestration.bench.llm_server import ScriptedLLM
+from orchestration.bench.processes import STARTUP_SECONDS, database_url  # noqa: F401 - re-exported
 
 LEASE_SECONDS = 5
 
@@ -97,9 +97,10 @@ def llm():
 
 
 @pytest.fixture
-def qcluster(transactional_db, llm, tmp_path, monkeypatch) -> Callable[..., Cluster]:
+def qcluster(transactional_db, llm, tmp_path, monkeypatch, settings) -> Callable[..., Cluster]:
     """Start a qcluster subprocess: `qcluster(workers=4, env={...})`; stopped at teardown."""
     monkeypatch.setattr(Conf, "SYNC", False)  # this process only enqueues
+    settings.ASSISTANT_LEASE_SECONDS = LEASE_SECONDS  # the reaper, when a test runs it here
     # The reaper's schedule (migration 0002) would run inside the cluster 30 s after it
     # starts, in whichever test is first on a fresh database; tests that need the reaper
     # call reap_expired() themselves, at a known moment.
