@@ -6,6 +6,7 @@ offline LLM provider. Nothing here needs a service or a key to start.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -80,6 +81,13 @@ DATABASES = {
         env_str("DATABASE_URL"), default_sqlite_path=VAR_DIR / "assistant.sqlite3"
     )
 }
+# A qcluster's processes (workers, pusher, monitor) are plain synchronous processes that
+# touch the database on every task and every poll of the queue: they keep their
+# connection (a new PostgreSQL connection forks a server backend, each time). The web
+# server does not: under ASGI Django advises against persistent connections.
+RUNNING_QCLUSTER = sys.argv[1:2] == ["qcluster"]
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 300 if RUNNING_QCLUSTER else 0, minimum=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")
@@ -138,7 +146,10 @@ if not DEBUG:
 # Background work: django-q2 always on its ORM broker (DESIGN.md §4: at-least-once
 # delivery; the engine's leases and idempotency keys make a second delivery harmless).
 # `timeout` must stay below `retry`, or a slow task is handed out twice while it runs.
-Q_WORKERS = env_int("Q_WORKERS", 8, minimum=1)
+# A turn runs up to LIMIT_TURN_MAX_AGENTS (8) agents at once while its orchestrator asks the
+# model for the next step: 10 workers run a whole turn without queueing one agent behind
+# another. Workers mostly wait on the LLM, so more workers than cores is the normal case.
+Q_WORKERS = env_int("Q_WORKERS", 10, minimum=1)
 Q_TIMEOUT = env_int("Q_TIMEOUT", 600, minimum=1)
 Q_CLUSTER = {
     "name": "assistant",

@@ -63,7 +63,12 @@ def lock_turn(turn_id: int) -> Turn:
 
 def dispatch_start_ready(turn: Turn) -> list[AgentDispatch]:
     """Enqueue every created dispatch whose dependencies all succeeded and, for a
-    delegating agent waiting on its own agents, whose awaited agents are all terminal."""
+    delegating agent waiting on its own agents, whose awaited agents are all terminal.
+
+    A dispatch already queued and not yet claimed (`queued_at`) is not queued again: with
+    fewer workers than agents, every agent that finished used to queue all its waiting
+    siblings once more — duplicate tasks that cost a worker a claim each, O(agents²) per
+    turn. A task lost with its cluster is the reaper's (reaper._requeue_unclaimed)."""
     if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
         return []
     dispatches = list(turn.dispatches.all())
@@ -73,6 +78,7 @@ def dispatch_start_ready(turn: Turn) -> list[AgentDispatch]:
         awaited = (d.awaiting or {}).get("agent_ids") or []
         return (
             d.state == DispatchState.CREATED
+            and d.queued_at is None
             and all(dep in by_id and succeeded(by_id[dep]) for dep in d.depends_on)
             and all(name not in by_id or is_terminal(by_id[name]) for name in awaited)
         )

@@ -138,13 +138,23 @@ def _next_attempt(dispatch: AgentDispatch, token: str, exc: LLMError) -> AgentDi
     return dispatch
 
 
-def _check_turn(dispatch: AgentDispatch) -> None:
-    dispatch.refresh_from_db(fields=["state"])
-    status = dispatch.turn.__class__.objects.values_list("status", flat=True).get(pk=dispatch.turn_id)
+def _step_heartbeat(dispatch: AgentDispatch, token: str) -> None:
+    """Before each step: renew the lease if the agent may go on, in one UPDATE.
+
+    Otherwise say why: the turn paused (Paused), ended or the agent was stopped
+    (Cancelled), or the reaper gave the agent to another worker (LeaseLost)."""
+    live = AgentDispatch.objects.filter(
+        pk=dispatch.pk, lease_token=token, state=DispatchState.RUNNING,
+        turn__status__in=[TurnStatus.RUNNING, TurnStatus.WAITING],
+    )
+    if live.update(lease_expires_at=lease_until(), heartbeat_at=timezone.now()):
+        return
+    state, status = AgentDispatch.objects.values_list("state", "turn__status").get(pk=dispatch.pk)
     if status == TurnStatus.PAUSED:
         raise Paused()
-    if status not in (TurnStatus.RUNNING, TurnStatus.WAITING) or dispatch.state != DispatchState.RUNNING:
+    if status not in (TurnStatus.RUNNING, TurnStatus.WAITING) or state != DispatchState.RUNNING:
         raise Cancelled()
+    raise LeaseLost(f"AgentDispatch {dispatch.pk}: lease lost")
 
 
 def _loop(dispatch: AgentDispatch, token: str, limits: Limits) -> Finish:
@@ -161,16 +171,16 @@ def _loop(dispatch: AgentDispatch, token: str, limits: Limits) -> Finish:
     deadline = time.monotonic() + limits.agent_timeout_seconds
     tokens = used = 0
     last_text = ""
+    stored = _stored_responses(dispatch)
     for step in range(MAX_STEPS):
-        _check_turn(dispatch)
-        heartbeat(AgentDispatch, dispatch.pk, token)
+        _step_heartbeat(dispatch, token)
         if time.monotonic() > deadline:
             return Finish(DispatchOutcome.TIMEOUT, _partial(last_text, messages),
                           f"wall-clock limit of {limits.agent_timeout_seconds:.0f}s reached")
         if tokens >= limits.agent_token_budget:
             return Finish(DispatchOutcome.BUDGET_EXCEEDED,
                           _partial(last_text, messages, note=f"token budget of {limits.agent_token_budget} spent"))
-        response = _stored_or_asked(dispatch, token, step, provider, messages, tools)
+        response = _stored_or_asked(dispatch, token, step, stored, provider, messages, tools)
         tokens += response.usage.prompt_tokens + response.usage.completion_tokens
         messages.append(response.as_message())
         last_text = response.content or last_text
@@ -210,11 +220,18 @@ def _loop(dispatch: AgentDispatch, token: str, limits: Limits) -> Finish:
     return Finish(DispatchOutcome.FAILED, _partial(last_text, messages), f"no report after {MAX_STEPS} steps")
 
 
-def _stored_or_asked(dispatch, token, step, provider, messages, tools) -> LLMResponse:
+def _stored_responses(dispatch: AgentDispatch) -> dict[str, dict]:
+    """The responses earlier deliveries stored, by key (`llm_calls` counts them: it is
+    incremented in the transaction that stores one)."""
+    if not dispatch.llm_calls:
+        return {}
+    return dict(LLMCall.objects.filter(dispatch=dispatch).values_list("key", "response"))
+
+
+def _stored_or_asked(dispatch, token, step, stored, provider, messages, tools) -> LLMResponse:
     key = f"agent:{dispatch.pk}:r{dispatch.retries}:s{step}"
-    stored = LLMCall.objects.filter(turn_id=dispatch.turn_id, key=key).first()
-    if stored is not None:
-        return LLMResponse.from_json(stored.response)
+    if key in stored:
+        return LLMResponse.from_json(stored[key])
     started = time.monotonic()
     response = provider.complete(model=dispatch.model, messages=messages, tools=tools)
     duration_ms = int((time.monotonic() - started) * 1000)

@@ -1,7 +1,8 @@
 """Pay a worker's one-off start-up costs before its first task, not during it.
 
-Importing the openai SDK and its (lazily imported) resources, loading the skill
-registry and the engine modules costs about two seconds of CPU per process. Paid inside the first task,
+Importing the openai SDK and its (lazily imported) resources, the channel layer (with
+Redis: channels_redis and redis.asyncio), loading the skill registry and the engine
+modules costs about two seconds of CPU per process. Paid inside the first task,
 8 workers starting 8 agents at once on 2 cores turned a 2 s fan-out into 20 s.
 django-q2 sends `post_spawn` in every new worker process.
 """
@@ -16,11 +17,17 @@ logger = logging.getLogger(__name__)
 
 
 def warm_up(**kwargs) -> None:
+    from channels.layers import get_channel_layer
+
     from orchestration import orchestrator, subagent  # noqa: F401 - import is the point
     from skills import registry
     from skills.tools import use_skill_tool
 
+    from orchestration.models import Turn
+
     use_skill_tool(registry.skill_names())
+    Turn.objects.filter(pk=0).exists()  # the (persistent) database connection, and the ORM's first query
+    get_channel_layer()  # imports channels_redis and redis.asyncio: ~0.5 s of CPU, at the first event
     if settings.ASSISTANT_LLM_PROVIDER == "openai":
         from orchestration.llm.openai_provider import _client
 

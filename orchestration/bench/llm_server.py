@@ -73,6 +73,9 @@ class ScriptedLLM:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # The headers and the body go out in two writes: with Nagle's algorithm the body
+            # waited for the client's delayed ACK, 40 ms on every reused connection.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args):  # quiet
                 pass

@@ -33,7 +33,6 @@ import platform
 import random
 import re
 import resource
-import secrets
 import socket
 import statistics
 import subprocess
@@ -51,7 +50,14 @@ from django.conf import settings
 from django.db import connection
 
 from orchestration.bench.llm_server import Agent, Plan, ScriptedLLM
-from orchestration.bench.processes import STARTUP_SECONDS, Cluster, ManagedProcess, ProcessError, database_url
+from orchestration.bench.processes import (
+    STARTUP_SECONDS,
+    Cluster,
+    ManagedProcess,
+    ProcessError,
+    database_url,
+    production_env,
+)
 
 SKILL = ("tasks.search", {"status": "open"})
 FINAL_TYPES = {"turn.completed", "turn.failed", "turn.paused", "turn.stopped"}
@@ -144,10 +150,8 @@ def server_env(config: LoadConfig, llm_url: str) -> dict[str, str]:
         "ASSISTANT_LLM_MAX_RETRIES": "0", "ASSISTANT_LLM_TIMEOUT_SECONDS": "120",
         "DJANGO_ALLOW_ASYNC_UNSAFE": "",
     }
-    if not config.debug:  # production-like: no query log, no debug pages; plain HTTP on loopback
-        env.update({"DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(40), "ALLOWED_HOSTS": "127.0.0.1,localhost",
-                    "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
-                    "SECURE_HSTS_SECONDS": "0"})
+    if not config.debug:
+        env.update(production_env())
     return env
 
 

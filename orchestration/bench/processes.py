@@ -45,6 +45,15 @@ def database_url() -> str:
     return f"postgres://{auth}{host}{port}/{quote(db['NAME'], safe='')}"
 
 
+def production_env() -> dict[str, str]:
+    """DEBUG off, as in production (no query log, no debug pages), on plain HTTP on loopback.
+
+    The secret key is this process's: django-q2 signs the tasks this process enqueues."""
+    return {"DEBUG": "0", "SECRET_KEY": settings.SECRET_KEY, "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
+            "SECURE_HSTS_SECONDS": "0"}
+
+
 @dataclass
 class ProcessStats:
     pid: int

@@ -88,16 +88,16 @@ def test_a_cancelled_agent_notices_at_its_next_step(llm, run_turn, alice, monkey
 
     monkeypatch.setattr(subagent, "_use_skill", use_skill_then_stop)
     checks = []
-    check_turn = subagent._check_turn
+    step_heartbeat = subagent._step_heartbeat
 
-    def recorded_check(dispatch):
+    def recorded_check(dispatch, token):
         try:
-            check_turn(dispatch)
+            step_heartbeat(dispatch, token)
         except subagent.Cancelled:
             checks.append("cancelled")
             raise
 
-    monkeypatch.setattr(subagent, "_check_turn", recorded_check)
+    monkeypatch.setattr(subagent, "_step_heartbeat", recorded_check)
     turn = run_turn()
     assert turn.status == "stopped"
     assert checks == ["cancelled"]

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from orchestration.bench.llm_server import ScriptedLLM
-from orchestration.bench.processes import Cluster
+from orchestration.bench.processes import Cluster, production_env
 from orchestration.bench.runner import now_label, queries_per_agent_step, run_workload
 from orchestration.bench.workloads import WORKLOADS
 
@@ -48,7 +48,7 @@ class Command(BaseCommand):
             " + Redis" if settings.REDIS_URL else " (embedded)")
         server = ScriptedLLM().start()
         env = {"ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "bench",
-               "ASSISTANT_LLM_MAX_RETRIES": "0", "Q_LOG_LEVEL": "INFO"}
+               "ASSISTANT_LLM_MAX_RETRIES": "0", "Q_LOG_LEVEL": "INFO", **production_env()}
         log = Path(tempfile.mkdtemp(prefix="bench-")) / "qcluster.log"
         cluster = Cluster.start(env=env, log_path=log, workers=workers)
         results = []
