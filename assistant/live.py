@@ -33,16 +33,17 @@ class Cursor:
         self.sent: set[int] = set()
 
     def new_events(self, conversation_id: int) -> list[Event]:
-        events = [
-            e for e in Event.objects.filter(conversation_id=conversation_id, id__gt=self.floor)
-            .select_related("dispatch", "turn").order_by("id")
-            if e.pk not in self.sent
-        ]
-        self.sent.update(e.pk for e in events)
+        """The events not sent yet, in id order. Ids and times first (a light query that
+        also moves the floor), whole rows only for what is new: during a busy turn every
+        read would otherwise load again each event of the last SETTLE_SECONDS."""
         settled = timezone.now() - timedelta(seconds=SETTLE_SECONDS)
-        older = [e.pk for e in Event.objects.filter(
-            conversation_id=conversation_id, id__gt=self.floor, created_at__lt=settled).only("id")]
-        if older and all(pk in self.sent for pk in older):
+        seen = list(Event.objects.filter(conversation_id=conversation_id, id__gt=self.floor)
+                    .values_list("id", "created_at"))
+        new_ids = [pk for pk, _ in seen if pk not in self.sent]
+        events = list(Event.objects.for_timeline().filter(pk__in=new_ids).order_by("id")) if new_ids else []
+        self.sent.update(new_ids)
+        older = [pk for pk, created_at in seen if created_at < settled]
+        if older:  # all sent by now: everything at or below the newest settled id is done
             self.floor = max(older)
             self.sent = {pk for pk in self.sent if pk > self.floor}
         return events
@@ -63,25 +64,49 @@ def replay_floor(conversation_id: int, shown_up_to: int) -> int:
     return floor or 0
 
 
+# The panels a push re-renders: only those its events can have changed. The chat, the
+# continue? prompt and the composer change with the turn's own events (a message sent,
+# answered, paused, resumed, stopped); the agent graph with the agents' and skills'
+# events too; the counters with anything. A long chat is then not run through markdown
+# and the sanitiser again for every skill call (that was most of daphne's CPU under load).
+PANELS = ("counters", "messages", "pause", "composer", "graph")
+CHAT_EVENT_PREFIXES = ("turn.", "limit.")
+GRAPH_EVENT_PREFIXES = ("turn.", "agent.", "skill.")
+
+
+def panels_for(events: list[Event]) -> frozenset[str]:
+    types = [event.type for event in events]
+    panels = {"counters"}
+    if any(t.startswith(CHAT_EVENT_PREFIXES) for t in types):
+        panels |= {"messages", "pause", "composer"}
+    if any(t.startswith(GRAPH_EVENT_PREFIXES) for t in types):
+        panels.add("graph")
+    return frozenset(panels)
+
+
 def render_events(conversation: Conversation, events: list[Event]) -> str:
-    """The fragments for `events`, followed by fresh state panels when anything changed."""
+    """The fragments for `events`, followed by the state panels they can have changed."""
     if not events:
         return ""
     parts = [render_to_string("conversations/push.html", {"event": event}) for event in events]
-    parts.append(render_to_string("conversations/panels.html", panel_context(conversation)))
+    parts.append(render_to_string("conversations/panels.html", panel_context(conversation, panels_for(events))))
     return "".join(parts)
 
 
-def panel_context(conversation: Conversation) -> dict:
-    turn = conversation.turns.order_by("-number").first()
-    return {
-        "conversation": conversation,
-        "messages_": selectors.visible_messages(conversation=conversation),
-        "active_turn": selectors.active_turn(conversation=conversation),
-        "pause": selectors.open_pause(conversation=conversation),
-        "answered_pauses": selectors.answered_pauses(conversation=conversation),
-        "graph": selectors.agent_graph(turn=turn) if turn else [],
-        "graph_turn": turn,
-        "usage": selectors.conversation_usage(conversation=conversation),
-        "oob": True,
-    }
+def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset(PANELS)) -> dict:
+    """What the state panels show; with `panels`, only what those panels need."""
+    context = {"conversation": conversation, "panels": panels, "oob": True}
+    if panels & {"counters", "messages", "composer"}:
+        context["active_turn"] = selectors.active_turn(conversation=conversation)
+    if "counters" in panels:
+        context["usage"] = selectors.conversation_usage(conversation=conversation)
+    if "messages" in panels:
+        context["messages_"] = selectors.visible_messages(conversation=conversation)
+    if panels & {"pause", "composer"}:
+        context["pause"] = selectors.open_pause(conversation=conversation)
+    if "pause" in panels:
+        context["answered_pauses"] = selectors.answered_pauses(conversation=conversation)
+    if "graph" in panels:
+        turn = conversation.turns.order_by("-number").first()
+        context.update(graph=selectors.agent_graph(turn=turn) if turn else [], graph_turn=turn)
+    return context

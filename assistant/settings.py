@@ -81,13 +81,20 @@ DATABASES = {
         env_str("DATABASE_URL"), default_sqlite_path=VAR_DIR / "assistant.sqlite3"
     )
 }
-# A qcluster's processes (workers, pusher, monitor) are plain synchronous processes that
-# touch the database on every task and every poll of the queue: they keep their
-# connection (a new PostgreSQL connection forks a server backend, each time). The web
-# server does not: under ASGI Django advises against persistent connections.
+# A new PostgreSQL connection forks a server backend (~4 ms): nothing should open one per
+# task, per poll of the queue or per socket push. A qcluster's processes (workers, pusher,
+# monitor) are plain synchronous processes, forked by django-q2: each keeps its own
+# connection. Every other process (daphne above all, where Django advises against
+# persistent connections) borrows from psycopg's connection pool.
 RUNNING_QCLUSTER = sys.argv[1:2] == ["qcluster"]
-DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 300 if RUNNING_QCLUSTER else 0, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if RUNNING_QCLUSTER:
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DB_CONN_MAX_AGE", 300)
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "pool": {"min_size": 1, "max_size": env_int("DB_POOL_MAX_SIZE", 20, minimum=1), "timeout": 10},
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")
@@ -154,6 +161,8 @@ Q_TIMEOUT = env_int("Q_TIMEOUT", 600, minimum=1)
 Q_CLUSTER = {
     "name": "assistant",
     "orm": "default",
+    # the ORM broker, woken by LISTEN/NOTIFY on PostgreSQL (orchestration/broker.py)
+    "broker_class": "orchestration.broker.NotifyingORM",
     "workers": Q_WORKERS,
     "timeout": Q_TIMEOUT,
     "retry": Q_TIMEOUT + 60,

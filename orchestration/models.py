@@ -350,6 +350,11 @@ class EventQuerySet(models.QuerySet):
     def delete(self):
         raise AppendOnlyError("Events are append-only; they cannot be deleted.")
 
+    def for_timeline(self):
+        """With the turn and the agent a timeline row names, not their big JSON columns."""
+        return self.select_related("dispatch", "turn").defer(
+            "dispatch__transcript", "dispatch__contract", "dispatch__result", "turn__limits", "turn__awaiting")
+
 
 class Event(models.Model):
     """One fact of the timeline (DESIGN.md §4). Rows are inserted, never changed."""

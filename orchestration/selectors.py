@@ -51,7 +51,8 @@ def answered_pauses(*, conversation: Conversation):
 
 def agent_graph(*, turn) -> list[dict]:
     """The turn's dispatches as a tree: each node with its state and its children."""
-    dispatches = list(turn.dispatches.all())
+    dispatches = list(turn.dispatches.only(  # not the transcripts and contracts: pushed often
+        "turn_id", "parent_id", "agent_id", "state", "outcome", "tool_calls_used", "max_tool_calls", "depends_on"))
 
     def children(parent_id):
         return [
@@ -90,7 +91,7 @@ def conversation_usage(*, conversation: Conversation) -> dict:
 
 def timeline(*, conversation: Conversation):
     """Every event of the conversation, oldest first, for the first render of the page."""
-    return conversation.events.select_related("dispatch", "turn").order_by("id")
+    return conversation.events.for_timeline().order_by("id")
 
 
 def timeline_groups(*, conversation: Conversation) -> tuple[list[dict], int]:

@@ -84,3 +84,29 @@ def test_limits_come_from_the_environment():
     result = run_settings({"DEBUG": "0", "SECRET_KEY": "s3cret-value", "LIMIT_TURN_MAX_AGENTS": "3"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["s3c", "3"]
+
+
+def database_settings(argv: list[str], database_url: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys; sys.argv = %r; import assistant.settings as s; "
+            "print(json.dumps(s.DATABASES['default'], default=str))" % argv)
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DATABASE_URL": database_url},
+                            capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+def test_workers_keep_their_connection_and_web_processes_borrow_from_a_pool():
+    """A new PostgreSQL connection per task, per queue poll or per socket push cost a
+    server backend each (settings.py); qcluster's forked processes cannot share a pool."""
+    url = "postgres://postgres@127.0.0.1:5432/assistant"
+    worker = database_settings(["manage.py", "qcluster"], url)
+    assert worker["CONN_MAX_AGE"] == 300 and "pool" not in worker.get("OPTIONS", {})
+    web = database_settings(["daphne", "assistant.asgi:application"], url)
+    assert web["CONN_MAX_AGE"] == 0 and web["OPTIONS"]["pool"]["max_size"] == 20
+    assert web["CONN_HEALTH_CHECKS"] and worker["CONN_HEALTH_CHECKS"]
+    embedded = database_settings(["daphne"], "sqlite:////tmp/x.sqlite3")
+    assert "pool" not in embedded["OPTIONS"]  # SQLite: opening the file is cheap

@@ -97,3 +97,22 @@ async def test_the_sockets_database_work_is_not_on_the_shared_sync_thread(starte
     assert f'id="event-{first.pk}"' in await comm.receive_from(timeout=3)
     await comm.disconnect()
     assert threads and shared not in threads
+
+
+def test_a_push_re_renders_only_the_panels_its_events_can_change(started):
+    """A skill call leaves the chat alone (markdown and sanitising a long chat again for
+    every skill call was most of daphne's CPU); the turn's own events refresh it all."""
+    conversation, turn, first = started
+    ids = {"counters": 'id="counters"', "messages": 'id="messages"', "pause": 'id="pause-prompt"',
+           "composer": 'id="composer"', "graph": 'id="agent-graph"'}
+
+    def panels(*types: str) -> set[str]:
+        events = [Event.objects.create(conversation=conversation, turn=turn, type=t, summary=t) for t in types]
+        html = live.render_events(conversation, events)
+        return {name for name, marker in ids.items() if marker in html}
+
+    assert panels("skill.started", "skill.finished") == {"counters", "graph"}
+    assert panels("agent.subagent_started") == {"counters", "graph"}
+    assert panels("orchestrator.llm_call") == {"counters"}
+    assert panels("skill.finished", "turn.completed") == set(ids)
+    assert panels("limit.tripped") == set(ids) - {"graph"}

@@ -66,7 +66,7 @@ USERNAME = "load-{:03d}"
 STEADY_AFTER_RAMP = 15.0  # seconds: the last users' logins are done
 STEADY_KINDS = ("page", "post", "event", "turn")
 
-_EVENT_ROW = re.compile(r'<details class="event [^"]*" id="event-(\d+)">.*?<div class="muted">([^<]*)</div>', re.S)
+EVENT_ROW = re.compile(r'<details class="event [^"]*" id="event-(\d+)">.*?<div class="muted">([^<]*)</div>', re.S)
 _FORM_TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 _HEADER_TOKEN = re.compile(r'"X-CSRFToken": "([^"]+)"')
 _WS_CONNECT = re.compile(r'ws-connect="([^"]+)"')
@@ -281,7 +281,7 @@ class PageSocket:
     def _arrived(self, html: str) -> None:
         now = time.time()
         self.record.messages += 1
-        for match in _EVENT_ROW.finditer(html):
+        for match in EVENT_ROW.finditer(html):
             event_id, event_type = int(match.group(1)), match.group(2).strip()
             if event_id in self.record.received:
                 self.record.duplicates += 1
@@ -508,15 +508,15 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
             f"LLM {config.latency_ms} ms; logs in {log_dir}")
         out(f"{config.users} users for {config.duration:.0f}s (ramp {config.ramp:.0f}s), {config.agents} agents "
             f"and {config.skill_calls_per_turn} skill calls per turn, {config.turns_per_conversation} turns per page")
-        cpu_before = {"daphne": _cpu(web), "qcluster": _cpu(cluster), "driver": _own_cpu(), **_services_cpu()}
+        cpu_before = {"daphne": cpu_seconds(web), "qcluster": cpu_seconds(cluster), "driver": _own_cpu(), **services_cpu()}
         ticks_before = _machine_ticks()
         stats = Stats(config)
         asyncio.run(_drive(config, web.url, stats, out))
         wall = time.monotonic() - stats.started
-        cpu_after = {"daphne": _cpu(web), "qcluster": _cpu(cluster), "driver": _own_cpu(), **_services_cpu()}
+        cpu_after = {"daphne": cpu_seconds(web), "qcluster": cpu_seconds(cluster), "driver": _own_cpu(), **services_cpu()}
         cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
         busy, total = (after - before for after, before in zip(_machine_ticks(), ticks_before))
-        peak = {"daphne": _peak(web), "qcluster (largest process)": _peak(cluster)}
+        peak = {"daphne": peak_rss_mb(web), "qcluster (largest process)": peak_rss_mb(cluster)}
         out(stats.progress())
     finally:
         web.stop()
@@ -566,10 +566,10 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
             "per_minute": round(stats.turns_in_window / config.duration * 60, 1),
             "outcomes": dict(stats.turn_outcomes), "in_database": dict(turn_status),
         },
-        "latency_ms": {kind: _figures([v for _, v in values]) for kind, values in sorted(samples.items())},
+        "latency_ms": {kind: latency_figures([v for _, v in values]) for kind, values in sorted(samples.items())},
         # after the ramp and the logins (PBKDF2 on 2 cores), until the end of the duration
         "steady_from_s": steady_from,
-        "steady_latency_ms": {kind: _figures([v for t, v in values if steady_from <= t <= config.duration])
+        "steady_latency_ms": {kind: latency_figures([v for t, v in values if steady_from <= t <= config.duration])
                               for kind, values in sorted(samples.items()) if kind in STEADY_KINDS},
         "events": {"received": events_received, "in_database": sum(len(v) for v in stored.values()),
                    "per_second": round(events_received / max(wall, 1e-9), 1)},
@@ -577,7 +577,7 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
                     "mismatched": mismatched[:20], "duplicates": sum(s.duplicates for s in stats.sockets),
                     "reconnects": sum(s.reconnects for s in stats.sockets),
                     "messages": sum(s.messages for s in stats.sockets),
-                    "catch_up_at_close_ms": _figures(catch_up)},
+                    "catch_up_at_close_ms": latency_figures(catch_up)},
         "errors": {"total": sum(stats.errors.values()), "by_kind": dict(stats.errors),
                    "samples": stats.error_samples},
         "llm_requests": llm_requests,
@@ -588,7 +588,7 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
     }
 
 
-def _figures(seconds: list[float]) -> dict:
+def latency_figures(seconds: list[float]) -> dict:
     if not seconds:
         return {"n": 0}
     ordered = sorted(seconds)
@@ -600,15 +600,15 @@ def _figures(seconds: list[float]) -> dict:
             "mean": round(statistics.fmean(ordered) * 1000, 1)}
 
 
-def _cpu(process: ManagedProcess) -> float:
+def cpu_seconds(process: ManagedProcess) -> float:
     return sum(s.cpu_seconds for s in process.stats())
 
 
-def _peak(process: ManagedProcess) -> float:
+def peak_rss_mb(process: ManagedProcess) -> float:
     return round(max((s.peak_rss_mb for s in process.stats()), default=0.0), 1)
 
 
-def _services_cpu() -> dict[str, float]:
+def services_cpu() -> dict[str, float]:
     """CPU seconds of this machine's PostgreSQL and Redis servers so far (their exited
     children included: a PostgreSQL backend per connection)."""
     procs: dict[int, tuple[str, int, list[str]]] = {}

@@ -12,13 +12,16 @@ from django.db import connection
 from django.utils import timezone
 from django_q.conf import Conf
 
+from orchestration.bench.listen import SocketListener
 from orchestration.bench.llm_server import ScriptedLLM
+from orchestration.bench.load import Daphne, cpu_seconds, latency_figures, peak_rss_mb, services_cpu
 from orchestration.bench.processes import Cluster
 from orchestration.bench.workloads import Workload, wide
-from orchestration.models import AgentDispatch, Conversation, SkillExecution, Turn, TurnStatus
+from orchestration.models import AgentDispatch, Conversation, Event, SkillExecution, Turn, TurnStatus
 from orchestration.turns import turn_start
 
 FINAL = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED)
+SOCKET_SETTLE_SECONDS = 20.0  # after the last turn, for the sockets to have every event
 
 
 @dataclass
@@ -32,8 +35,11 @@ class Result:
     ratio: float
     llm_requests: int
     expected_llm_requests: int
-    cpu_s_per_llm_call: float
+    cpu_s_per_llm_call: float  # daphne and the qcluster's processes
+    cpu_s: dict  # by process: web, workers, the benchmark itself (LLM server, sockets), services
     peak_rss_mb: dict
+    event_latency_ms: dict  # commit → the dashboard's socket (median, p95)
+    sockets_equal_to_database: int
     turns_completed: int
     turns: int
 
@@ -41,41 +47,56 @@ class Result:
         return asdict(self)
 
 
-def run_workload(*, workload: Workload, latency_ms: int, server: ScriptedLLM, cluster: Cluster,
-                 setup: str, workers: int, timeout: float = 300) -> Result:
+def run_workload(*, workload: Workload, latency_ms: int, server: ScriptedLLM, cluster: Cluster, web: Daphne,
+                 listener: SocketListener, setup: str, workers: int, timeout: float = 300) -> Result:
     server.respond = workload.plan()
     server.latency = latency_ms / 1000
     requests_before = len(server.requests)
-    cpu_before = _cpu(cluster)
+    cpu_before = _cpu(cluster, web)
     users = [_bench_user(i) for i in range(workload.conversations)]
     conversations = [Conversation.objects.create(owner=user, title=f"bench {workload.name}") for user in users]
+    for conversation, user in zip(conversations, users):
+        listener.watch(conversation.pk, user)  # the dashboard is open before the message is sent
     turns = [turn_start(conversation=c, text=f"run {workload.name}") for c in conversations]
     deadline = time.monotonic() + timeout
     while Turn.objects.filter(pk__in=[t.pk for t in turns]).exclude(status__in=FINAL).exists():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{workload.name}: turns unfinished after {timeout}s\n{cluster.log_tail()}")
         time.sleep(0.1)  # the makespan comes from the turns' own timestamps, not from this loop
+    events = _events_by_conversation(conversations)
+    listener.wait_for({cid: set(ids) for cid, ids in events.items()}, timeout=SOCKET_SETTLE_SECONDS)
+    cpu = {name: round(after - cpu_before[name], 2) for name, after in _cpu(cluster, web).items()}
     done = list(Turn.objects.filter(pk__in=[t.pk for t in turns]))
     makespan = (max(t.finished_at for t in done) - min(t.started_at for t in done)).total_seconds()
     ideal = statistics.mean(workload.ideal_seconds(latency_ms / 1000, _skill_seconds(t)) for t in done)
     requests = len(server.requests) - requests_before
-    cpu = _cpu(cluster) - cpu_before
-    peaks: dict[str, float] = {}
-    for stats in cluster.stats():
-        peaks[stats.name] = max(peaks.get(stats.name, 0.0), round(stats.peak_rss_mb, 1))
-    peaks["bench (web role)"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    latencies = [listener.arrivals[cid][event_id] - created for cid, created_by_id in events.items()
+                 for event_id, created in created_by_id.items() if event_id in listener.arrivals[cid]]
+    peaks = {"web (daphne)": peak_rss_mb(web), "worker (largest qcluster process)": peak_rss_mb(cluster)}
     return Result(
         workload=workload.name, setup=setup, latency_ms=latency_ms, workers=workers,
         makespan_s=round(makespan, 3), ideal_s=round(ideal, 3), ratio=round(makespan / ideal, 3),
         llm_requests=requests, expected_llm_requests=workload.expected_llm_requests,
-        cpu_s_per_llm_call=round(cpu / max(requests, 1), 4), peak_rss_mb=peaks,
+        cpu_s_per_llm_call=round((cpu["web"] + cpu["workers"]) / max(requests, 1), 4), cpu_s=cpu,
+        peak_rss_mb=peaks, event_latency_ms=latency_figures(latencies),
+        sockets_equal_to_database=sum(listener.arrivals[cid].keys() == ids.keys() for cid, ids in events.items()),
         turns_completed=sum(t.status == TurnStatus.COMPLETED for t in done), turns=len(done),
     )
 
 
-def _cpu(cluster: Cluster) -> float:
+def _events_by_conversation(conversations: list[Conversation]) -> dict[int, dict[int, float]]:
+    """conversation → event id → created_at (epoch seconds)."""
+    found: dict[int, dict[int, float]] = {c.pk: {} for c in conversations}
+    for event_id, conversation_id, created_at in Event.objects.filter(
+            conversation__in=conversations).values_list("id", "conversation_id", "created_at"):
+        found[conversation_id][event_id] = created_at.timestamp()
+    return found
+
+
+def _cpu(cluster: Cluster, web: Daphne) -> dict[str, float]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return sum(s.cpu_seconds for s in cluster.stats()) + usage.ru_utime + usage.ru_stime
+    return {"web": cpu_seconds(web), "workers": cpu_seconds(cluster),
+            "benchmark (LLM server, sockets)": usage.ru_utime + usage.ru_stime, **services_cpu()}
 
 
 def _skill_seconds(turn: Turn) -> dict[str, float]:

@@ -16,6 +16,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from orchestration.bench.llm_server import ScriptedLLM
+from orchestration.bench.listen import SocketListener
+from orchestration.bench.load import Daphne
 from orchestration.bench.processes import Cluster, production_env
 from orchestration.bench.runner import now_label, queries_per_agent_step, run_workload
 from orchestration.bench.workloads import WORKLOADS
@@ -49,23 +51,31 @@ class Command(BaseCommand):
         server = ScriptedLLM().start()
         env = {"ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "bench",
                "ASSISTANT_LLM_MAX_RETRIES": "0", "Q_LOG_LEVEL": "INFO", **production_env()}
-        log = Path(tempfile.mkdtemp(prefix="bench-")) / "qcluster.log"
-        cluster = Cluster.start(env=env, log_path=log, workers=workers)
+        logs = Path(tempfile.mkdtemp(prefix="bench-"))
+        web = Daphne.start(env=env, log_path=logs / "daphne.log")
+        cluster = Cluster.start(env=env, log_path=logs / "qcluster.log", workers=workers)
         results = []
         try:
+            web.wait_ready()
             cluster.wait_ready()
             warm = cluster.wait_warm(workers)  # workers warm up after spawning (orchestration/warmup.py)
-            self.stdout.write(f"{setup}, {workers} workers (warm after {warm:.1f}s), qcluster log: {log}")
+            self.stdout.write(f"{setup}: daphne and a qcluster of {workers} workers (warm after {warm:.1f}s); "
+                              f"logs in {logs}")
+            listener = SocketListener(web.url)
             for latency_ms in latency:
                 for workload in workloads:
                     self.stdout.write(f"  running {workload} at {latency_ms} ms …", ending="")
                     self.stdout.flush()
                     result = run_workload(workload=WORKLOADS[workload], latency_ms=latency_ms, server=server,
-                                          cluster=cluster, setup=setup, workers=workers)
+                                          cluster=cluster, web=web, listener=listener, setup=setup,
+                                          workers=workers)
                     results.append(result.as_dict())
-                    self.stdout.write(f" {result.makespan_s:.2f}s (ideal {result.ideal_s:.2f}s, ×{result.ratio:.2f})")
+                    self.stdout.write(f" {result.makespan_s:.2f}s (ideal {result.ideal_s:.2f}s, ×{result.ratio:.2f}), "
+                                      f"events p95 {result.event_latency_ms.get('p95', 0):.0f} ms")
+            listener.close()
         finally:
             cluster.stop()
+            web.stop()
         queries = _queries_per_step(server)
         server.stop()
         self.stdout.write(_table(results))
@@ -89,12 +99,17 @@ def _queries_per_step(server: ScriptedLLM) -> dict[int, float]:
 
 
 def _table(results: list[dict]) -> str:
-    head = f"{'workload':<9} {'L ms':>5} {'makespan s':>10} {'ideal s':>8} {'ratio':>6} {'LLM req':>9} {'CPU s/call':>10} {'turns ok':>8}"
+    head = (f"{'workload':<9} {'L ms':>5} {'makespan s':>10} {'ideal s':>8} {'ratio':>6} {'LLM req':>9} "
+            f"{'CPU s/call':>10} {'event p50':>9} {'event p95':>9} {'sockets ok':>10} {'turns ok':>8}")
     rows = [head, "-" * len(head)]
     for r in results:
         requests = f"{r['llm_requests']}/{r['expected_llm_requests']}"
+        events = r["event_latency_ms"]
+        sockets = f"{r['sockets_equal_to_database']}/{r['turns']}"
         rows.append(f"{r['workload']:<9} {r['latency_ms']:>5} {r['makespan_s']:>10.2f} {r['ideal_s']:>8.2f} "
-                    f"{r['ratio']:>6.2f} {requests:>9} {r['cpu_s_per_llm_call']:>10.4f} {r['turns_completed']:>4}/{r['turns']:<3}")
+                    f"{r['ratio']:>6.2f} {requests:>9} {r['cpu_s_per_llm_call']:>10.4f} "
+                    f"{events.get('p50', 0):>7.0f}ms {events.get('p95', 0):>7.0f}ms {sockets:>10} "
+                    f"{r['turns_completed']:>4}/{r['turns']:<3}")
     return "\n".join(rows)
 
 
