@@ -170,7 +170,10 @@ Q_CLUSTER = {
     "poll": env_float("Q_POLL_SECONDS", 0.05, minimum=0.01),
     "catch_up": False,
     "ack_failures": True,
-    "save_limit": 1000,
+    # Successful tasks are not stored: every step is in the engine's own tables (the audit
+    # trail). With a positive limit, each save locked and read every stored success to
+    # prune one: up to 1000 rows per task, serialised across workers.
+    "save_limit": -1,
     "label": "Background tasks",
     "sync": env_bool("Q_SYNC", False),
 }

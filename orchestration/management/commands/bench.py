@@ -7,6 +7,7 @@ Run it on a scratch database (it creates users, conversations and turns):
 from __future__ import annotations
 
 import json
+import os
 import platform
 import tempfile
 from pathlib import Path
@@ -19,7 +20,7 @@ from orchestration.bench.llm_server import ScriptedLLM
 from orchestration.bench.listen import SocketListener
 from orchestration.bench.load import Daphne
 from orchestration.bench.processes import Cluster, production_env
-from orchestration.bench.runner import now_label, queries_per_agent_step, run_workload
+from orchestration.bench.runner import median_run, now_label, queries_per_agent_step, run_workload
 from orchestration.bench.workloads import WORKLOADS
 
 
@@ -30,12 +31,14 @@ class Command(BaseCommand):
         parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
         parser.add_argument("--latency", nargs="+", type=int, default=[100, 300], help="LLM latency, ms.")
         parser.add_argument("--workers", type=int, default=settings.Q_WORKERS)
+        parser.add_argument("--repeat", type=int, default=3,
+                            help="Runs of each one-turn workload; the run with the median ratio is reported.")
         parser.add_argument("--output", default="bench-results/results.json")
         parser.add_argument("--force", action="store_true", help="Run on a database not named *bench*.")
         parser.add_argument("--plot", nargs="*", metavar="RESULTS_JSON",
                             help="Only draw docs/bench.png from these result files (no run).")
 
-    def handle(self, *args, workloads, latency, workers, output, force, plot, **options):
+    def handle(self, *args, workloads, latency, workers, repeat, output, force, plot, **options):
         if plot is not None:
             from orchestration.bench.plot import plot as draw
 
@@ -62,13 +65,19 @@ class Command(BaseCommand):
             self.stdout.write(f"{setup}: daphne and a qcluster of {workers} workers (warm after {warm:.1f}s); "
                               f"logs in {logs}")
             listener = SocketListener(web.url)
+
+            def run(workload: str, latency_ms: int):
+                return run_workload(workload=WORKLOADS[workload], latency_ms=latency_ms, server=server,
+                                    cluster=cluster, web=web, listener=listener, setup=setup, workers=workers)
+
+            self.stdout.write("  a warm-up turn (not reported): every worker's first task pays one-off costs")
+            run("wide", latency[0])
             for latency_ms in latency:
                 for workload in workloads:
-                    self.stdout.write(f"  running {workload} at {latency_ms} ms …", ending="")
+                    runs = 1 if WORKLOADS[workload].conversations > 1 else repeat
+                    self.stdout.write(f"  running {workload} at {latency_ms} ms ({runs}×) …", ending="")
                     self.stdout.flush()
-                    result = run_workload(workload=WORKLOADS[workload], latency_ms=latency_ms, server=server,
-                                          cluster=cluster, web=web, listener=listener, setup=setup,
-                                          workers=workers)
+                    result = median_run([run(workload, latency_ms) for _ in range(runs)])
                     results.append(result.as_dict())
                     self.stdout.write(f" {result.makespan_s:.2f}s (ideal {result.ideal_s:.2f}s, ×{result.ratio:.2f}), "
                                       f"events p95 {result.event_latency_ms.get('p95', 0):.0f} ms")
@@ -91,11 +100,13 @@ class Command(BaseCommand):
 
 def _queries_per_step(server: ScriptedLLM) -> dict[int, float]:
     """Measured in this process (tasks inline), against the same scripted server."""
-    import os
+    from unittest import mock
 
-    os.environ.update({"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "bench"})
-    settings.ASSISTANT_LLM_PROVIDER = "openai"
-    return {n: queries_per_agent_step(server=server, agents=n) for n in (2, 4, 8)}
+    from django.test import override_settings
+
+    with mock.patch.dict(os.environ, {"OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "bench"}), \
+            override_settings(ASSISTANT_LLM_PROVIDER="openai"):
+        return {n: queries_per_agent_step(server=server, agents=n) for n in (2, 4, 8)}
 
 
 def _table(results: list[dict]) -> str:
@@ -114,6 +125,4 @@ def _table(results: list[dict]) -> str:
 
 
 def _machine() -> str:
-    import os
-
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"

@@ -1,0 +1,32 @@
+"""`manage.py bench` (`make bench`) kept working: one short workload against daphne and a
+qcluster on the test database. No figure is asserted (the machine is shared), only what
+must hold: every LLM request expected and no other, every event on the dashboard's
+socket, and SQL queries per sub-agent step that do not grow with the number of agents.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.management import call_command
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def test_bench_measures_a_workload(tmp_path, capsys):
+    output = tmp_path / "bench.json"
+    call_command("bench", "--workloads", "diamond", "--latency", "20", "--repeat", "1", "--workers", "4",
+                 "--force", "--output", str(output))
+
+    report = json.loads(output.read_text())
+    (result,) = report["results"]
+    assert (result["workload"], result["turns_completed"], result["turns"]) == ("diamond", 1, 1)
+    assert result["llm_requests"] == result["expected_llm_requests"] == 16
+    assert result["sockets_equal_to_database"] == 1 and result["event_latency_ms"]["n"] > 0
+    assert result["ratio"] == pytest.approx(result["makespan_s"] / result["ideal_s"], abs=0.01)
+    assert {"web", "workers", "postgres", "redis"} <= result["cpu_s"].keys()
+    per_step = report["queries_per_agent_step"]
+    assert list(per_step) == ["2", "4", "8"] and len(set(per_step.values())) == 1, per_step
+    table = capsys.readouterr().out
+    assert "diamond" in table and "event p95" in table
