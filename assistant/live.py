@@ -16,7 +16,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from orchestration import selectors
-from orchestration.models import Conversation, Event
+from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event
 
 # Events can commit out of id order on PostgreSQL (ids are taken at insert, not commit):
 # ids are only considered final once they are this old.
@@ -96,8 +96,10 @@ def render_events(conversation: Conversation, events: list[Event]) -> str:
 def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset(PANELS)) -> dict:
     """What the state panels show; with `panels`, only what those panels need."""
     context = {"conversation": conversation, "panels": panels, "oob": True}
-    if panels & {"counters", "messages", "composer"}:
-        context["active_turn"] = selectors.active_turn(conversation=conversation)
+    if panels & {"counters", "messages", "composer", "graph"}:
+        # One turn at a time is active, and it is the latest: one query serves both.
+        latest = conversation.turns.order_by("-number").only("id", "conversation_id", "number", "status").first()
+        context["active_turn"] = latest if latest is not None and latest.status in ACTIVE_TURN_STATUSES else None
     if "counters" in panels:
         context["usage"] = selectors.conversation_usage(conversation=conversation)
     if "messages" in panels:
@@ -107,6 +109,5 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
     if "pause" in panels:
         context["answered_pauses"] = selectors.answered_pauses(conversation=conversation)
     if "graph" in panels:
-        turn = conversation.turns.order_by("-number").first()
-        context.update(graph=selectors.agent_graph(turn=turn) if turn else [], graph_turn=turn)
+        context.update(graph=selectors.agent_graph(turn=latest) if latest else [], graph_turn=latest)
     return context

@@ -49,7 +49,17 @@ class Result:
 
 
 def run_workload(*, workload: Workload, latency_ms: int, server: ScriptedLLM, cluster: Cluster, web: Daphne,
-                 listener: SocketListener, setup: str, workers: int, timeout: float = 300) -> Result:
+                 setup: str, workers: int, timeout: float = 300) -> Result:
+    """One run: the workload's conversations, each with its dashboard socket open from
+    before the message until every event has arrived (then closed, as a page is left)."""
+    listener = SocketListener(web.url)
+    try:
+        return _run(workload, latency_ms, server, cluster, web, listener, setup, workers, timeout)
+    finally:
+        listener.close()
+
+
+def _run(workload, latency_ms, server, cluster, web, listener, setup, workers, timeout) -> Result:
     server.respond = workload.plan()
     server.latency = latency_ms / 1000
     requests_before = len(server.requests)

@@ -17,7 +17,6 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from orchestration.bench.llm_server import ScriptedLLM
-from orchestration.bench.listen import SocketListener
 from orchestration.bench.load import Daphne
 from orchestration.bench.processes import Cluster, production_env
 from orchestration.bench.runner import median_run, now_label, queries_per_agent_step, run_workload
@@ -64,11 +63,10 @@ class Command(BaseCommand):
             warm = cluster.wait_warm(workers)  # workers warm up after spawning (orchestration/warmup.py)
             self.stdout.write(f"{setup}: daphne and a qcluster of {workers} workers (warm after {warm:.1f}s); "
                               f"logs in {logs}")
-            listener = SocketListener(web.url)
 
             def run(workload: str, latency_ms: int):
                 return run_workload(workload=WORKLOADS[workload], latency_ms=latency_ms, server=server,
-                                    cluster=cluster, web=web, listener=listener, setup=setup, workers=workers)
+                                    cluster=cluster, web=web, setup=setup, workers=workers)
 
             self.stdout.write("  a warm-up turn (not reported): every worker's first task pays one-off costs")
             run("wide", latency[0])
@@ -81,7 +79,6 @@ class Command(BaseCommand):
                     results.append(result.as_dict())
                     self.stdout.write(f" {result.makespan_s:.2f}s (ideal {result.ideal_s:.2f}s, ×{result.ratio:.2f}), "
                                       f"events p95 {result.event_latency_ms.get('p95', 0):.0f} ms")
-            listener.close()
         finally:
             cluster.stop()
             web.stop()
