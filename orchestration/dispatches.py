@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from orchestration.events import event_record
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
-from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagent
+from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagents
 
 # Terminal from the orchestrator's point of view: the agent will not work any more.
 TERMINAL_STATES = frozenset(
@@ -84,8 +84,8 @@ def dispatch_start_ready(turn: Turn) -> list[AgentDispatch]:
         )
 
     started = [d for d in dispatches if ready(d)]
-    for dispatch in started:
-        enqueue_subagent(dispatch.pk)
+    if started:
+        enqueue_subagents([d.pk for d in started])
     return started
 
 

@@ -11,16 +11,18 @@ ENGINE_NOTE_PREFIX = "[engine note] "
 
 def message_append(*, turn: Turn, role: str, content: str = "", tool_calls=None, tool_call_id: str = "") -> Message:
     """Append to the conversation; only the turn's lease holder writes, so seq is safe."""
+    (message,) = messages_append(turn=turn, messages=[
+        {"role": role, "content": content, "tool_calls": tool_calls or [], "tool_call_id": tool_call_id}])
+    return message
+
+
+def messages_append(*, turn: Turn, messages: list[dict]) -> list[Message]:
+    """Append several in one INSERT (a batch of dispatch_agent answers, say), in order."""
     last = turn.conversation.messages.aggregate(last=Max("seq"))["last"] or 0
-    return Message.objects.create(
-        conversation=turn.conversation,
-        turn=turn,
-        seq=last + 1,
-        role=role,
-        content=content,
-        tool_calls=tool_calls or [],
-        tool_call_id=tool_call_id,
-    )
+    return Message.objects.bulk_create([
+        Message(conversation=turn.conversation, turn=turn, seq=last + index, **fields)
+        for index, fields in enumerate(messages, start=1)
+    ])
 
 
 def llm_messages(*, turn: Turn, system_prompt: str) -> list[dict]:

@@ -26,7 +26,7 @@ from orchestration.delegation import (
     reserve_agents,
 )
 from orchestration.events import event_record
-from orchestration.history import llm_messages, message_append, pending_tool_calls
+from orchestration.history import llm_messages, message_append, messages_append, pending_tool_calls
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
@@ -259,13 +259,15 @@ def _dispatch_batch(turn: Turn, token: str, calls: list[ToolCall]) -> None:
         heartbeat(Turn, turn.pk, token)
         planned = plan_batch(turn=turn, calls=calls)
         reserve_agents(turn=turn, count=sum(1 for item in planned if not item.error))
+        answers = []
         for item in planned:
             if item.error:
                 content = error_json(item.error, agent_id=item.spec.get("agent_id"))
             else:
                 dispatch_create(turn=turn, item=item, task_prompt=task_prompt)
                 content = dispatch_result_json(item.spec["agent_id"])
-            message_append(turn=turn, role=Message.Role.TOOL, content=content, tool_call_id=item.call.id)
+            answers.append({"role": Message.Role.TOOL, "content": content, "tool_call_id": item.call.id})
+        messages_append(turn=turn, messages=answers)
         lifecycle.dispatch_start_ready(turn)
 
 

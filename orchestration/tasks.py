@@ -23,8 +23,13 @@ def enqueue_orchestrator_step(turn_id: int) -> None:
 
 
 def enqueue_subagent(dispatch_id: int) -> None:
-    AgentDispatch.objects.filter(pk=dispatch_id).update(queued_at=timezone.now())
-    transaction.on_commit(lambda: async_task("orchestration.tasks.subagent_run", dispatch_id))
+    enqueue_subagents([dispatch_id])
+
+
+def enqueue_subagents(dispatch_ids: list[int]) -> None:
+    AgentDispatch.objects.filter(pk__in=dispatch_ids).update(queued_at=timezone.now())
+    for dispatch_id in dispatch_ids:
+        transaction.on_commit(lambda dispatch_id=dispatch_id: async_task("orchestration.tasks.subagent_run", dispatch_id))
 
 
 def orchestrator_step(turn_id: int) -> None:

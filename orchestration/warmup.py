@@ -20,10 +20,9 @@ def warm_up(**kwargs) -> None:
     from channels.layers import get_channel_layer
 
     from orchestration import orchestrator, subagent  # noqa: F401 - import is the point
+    from orchestration.models import Turn
     from skills import registry
     from skills.tools import use_skill_tool
-
-    from orchestration.models import Turn
 
     use_skill_tool(registry.skill_names())
     Turn.objects.filter(pk=0).exists()  # the (persistent) database connection, and the ORM's first query

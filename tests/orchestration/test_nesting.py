@@ -336,19 +336,20 @@ def test_reaper_wakes_a_parent_whose_wake_up_was_lost(llm, queued, alice, lead_p
     )
     turn = turn_start(conversation=conversation_for(alice), text="go")
     lost = []
-    real_enqueue = dispatches.enqueue_subagent
+    real_enqueue = dispatches.enqueue_subagents
 
-    def lose_the_wake_up(dispatch_id):
-        if AgentDispatch.objects.filter(pk=dispatch_id).exclude(awaiting={}).exists():
-            lost.append(dispatch_id)  # the worker died before it reached the queue
-        else:
-            real_enqueue(dispatch_id)
+    def lose_the_wake_up(dispatch_ids):
+        for dispatch_id in dispatch_ids:
+            if AgentDispatch.objects.filter(pk=dispatch_id).exclude(awaiting={}).exists():
+                lost.append(dispatch_id)  # the worker died before it reached the queue
+            else:
+                real_enqueue([dispatch_id])
 
-    monkeypatch.setattr(dispatches, "enqueue_subagent", lose_the_wake_up)
+    monkeypatch.setattr(dispatches, "enqueue_subagents", lose_the_wake_up)
     queued()
     lead = AgentDispatch.objects.get(agent_id="lead")
     assert lost == [lead.pk] and lead.state == "created" and lead.awaiting["agent_ids"] == ["h"]
-    monkeypatch.setattr(dispatches, "enqueue_subagent", real_enqueue)
+    monkeypatch.setattr(dispatches, "enqueue_subagents", real_enqueue)
     assert reap_expired()["parents_woken"] == 1
     queued()
     turn.refresh_from_db()
