@@ -1,11 +1,13 @@
 """Skill-call budgets shared by concurrent workers (DESIGN.md §5).
 
-A reservation is taken inside the skill's own transaction, just before its handler runs,
-so a call that is refused or rolled back never counts, and a replayed call (its result
-stored) never reserves twice. The turn counter is a conditional UPDATE (`WHERE
-skill_calls < limit`), which the database applies one row-lock at a time: with 8 agents
-racing for the last 3 calls, exactly 3 updates match. The conversation's sliding window
-is counted under a lock on the conversation row, for the same reason.
+A reservation is taken in the transaction that opens the skill's execution row, just
+before its handler runs, and commits with that row (skills/executor.py): a call that is
+refused never counts, a replayed call (its row already open) never reserves twice, and
+the turn and conversation rows are locked only for the reservation, not while the
+handler runs. The turn counter is a conditional UPDATE (`WHERE skill_calls < limit`),
+which the database applies one row-lock at a time: with 8 agents racing for the last 3
+calls, exactly 3 updates match. The conversation's sliding window is counted under a
+lock on the conversation row, for the same reason.
 """
 
 from __future__ import annotations

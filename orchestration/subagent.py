@@ -271,8 +271,9 @@ def _use_skill(dispatch: AgentDispatch, token: str, user, call) -> str:
     name, skill_arguments = arguments["skill"], arguments.get("arguments", {})
 
     def before_run() -> None:
-        # In the skill's own transaction: a dispatch cancelled (or reaped) since this step
-        # began runs no further side effect, even among one response's parallel calls.
+        # In the transaction that opens the skill's row, just before its handler: a
+        # dispatch cancelled (or reaped) since this step began runs no further side
+        # effect, even among one response's parallel calls.
         heartbeat(AgentDispatch, dispatch.pk, token)
         reserve_skill_call(dispatch=dispatch, skill=name, arguments=skill_arguments)
 

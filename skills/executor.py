@@ -6,9 +6,13 @@ Order of a call:
 2. refusals (skill not granted, unknown, invalid arguments) are answered at once and
    recorded as failed rows, so the audit shows what the agent tried;
 3. the skill's circuit breaker may answer "temporarily unavailable";
-4. one transaction holds the running row, `before_run` (the engine's limit counters),
-   the handler (in a savepoint, under its deadline) and the final status, so a skill's
-   own rows and its execution row commit together or not at all.
+4. a short transaction commits the running row with `before_run` (the engine's limit
+   counters), so the rows those lock are free again before the handler runs: parallel
+   agents' skills run at the same time;
+5. a second transaction locks the running row, runs the handler (in a savepoint, under
+   its deadline) and writes the final status, so a skill's own rows and its execution
+   row's result commit together or not at all, and a concurrent delivery of the same
+   call waits for that result and replays it.
 
 Handlers never crash the caller: SkillError, timeouts and unexpected exceptions all
 become error outcomes. Only `before_run`'s exceptions, the worker's own timeout and
@@ -127,7 +131,8 @@ def execute_skill(
     existing = model.objects.filter(**key).first()
     if existing is not None and existing.status != ExecutionStatus.RUNNING:
         return _from_row(existing, replayed=True)
-    # A running row means a transaction that never finished; the call runs again on it.
+    # A running row was opened (and reserved) but has no result: its worker died in the
+    # handler, or is in it now. The call runs again on that row, once no run holds it.
     call = _Call(
         model=model,
         key=key,
@@ -155,7 +160,7 @@ def execute_skill(
 
 @dataclass(kw_only=True)
 class _Call:
-    """One call's row: opened, possibly run, then finished in the same transaction."""
+    """One call's row: opened (with its reservation), then run and finished."""
 
     model: type[models.Model]
     key: dict
@@ -175,16 +180,35 @@ class _Call:
 
     def run(self, skill: Skill, *, user, before_run: Callable[[], None] | None) -> SkillOutcome:
         started = time.monotonic()
+        row = self.stale or self._open_reserved(before_run)
         with transaction.atomic():
-            row = self._open()
-            if row is None:
+            if not self._claim(row):
                 return self._winner()
-            if before_run is not None:
-                before_run()
             outcome, healthy = _call_handler(skill, user=user, arguments=self.arguments, row=row)
             outcome = _finish(row, outcome, started)
         breaker_record(skill=skill.name, healthy=healthy)
         return outcome
+
+    def _open_reserved(self, before_run: Callable[[], None] | None) -> models.Model:
+        """The running row with `before_run` (the engine's budgets), committed before the
+        handler runs: the budget rows they lock are released at once, not held while
+        the handler runs. A committed running row has had its `before_run`: a replay, or
+        a concurrent delivery that opened it first, goes straight to the handler."""
+        with transaction.atomic():
+            row = self._open()
+            if row is None:
+                return self.model.objects.get(**self.key)
+            if before_run is not None:
+                before_run()
+            return row
+
+    def _claim(self, row: models.Model) -> bool:
+        """Lock the running row for this run; False if another run finished it first.
+
+        The lock is held until the result commits, so a second delivery of the same
+        call waits here, then finds it finished and replays it: the handler runs once."""
+        return bool(self.model.objects.filter(pk=row.pk, status=ExecutionStatus.RUNNING).update(
+            status=ExecutionStatus.RUNNING))
 
     def _open(self) -> models.Model | None:
         """The running row, or None if a concurrent call with the same key got there first."""
@@ -195,9 +219,9 @@ class _Call:
             "status": ExecutionStatus.RUNNING,
         }
         if self.stale is not None:
-            for field, value in fields.items():
-                setattr(self.stale, field, value)
-            self.stale.save()
+            # only while still running: a concurrent run may have finished it meanwhile
+            if not self.model.objects.filter(pk=self.stale.pk, status=ExecutionStatus.RUNNING).update(**fields):
+                return None
             return self.stale
         try:
             with transaction.atomic():

@@ -112,9 +112,10 @@ def test_sigkill_worker_mid_skill_sends_the_email_once(llm, qcluster, alice, mai
 
     mailer = AgentDispatch.objects.get(turn=turn, agent_id="mailer")
     assert mailer.state == "running"
-    # The skill's transaction died with the worker: nothing of the half-done send remains.
+    # The handler's transaction died with the worker: nothing of the half-done send
+    # remains. Its execution row stays open (running), with the call's reservation.
     assert OutboxEmail.objects.count() == 0
-    assert not SkillExecution.objects.filter(dispatch=mailer).exists()
+    assert list(SkillExecution.objects.filter(dispatch=mailer).values_list("status", flat=True)) == ["running"]
     assert list(mail.iterdir()) == []
 
     wait_turn_reaping(turn, cluster)
@@ -124,6 +125,7 @@ def test_sigkill_worker_mid_skill_sends_the_email_once(llm, qcluster, alice, mai
     mailer.refresh_from_db()
     assert (mailer.outcome, mailer.attempts) == ("completed", 2)
     assert OutboxEmail.objects.count() == 1
+    assert turn.skill_calls == 2  # the replayed send did not reserve a second call
     assert llm.errors == []
 
 

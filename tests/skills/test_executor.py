@@ -282,6 +282,29 @@ class TestBeforeRun:
         call("testing.echo", {}, before_run=lambda: called.append(1))
         assert called == []
 
+    def test_not_called_again_when_a_dead_run_is_replayed(self, call, register, dispatch):
+        """The running row commits with what `before_run` reserved, before the handler
+        runs. A worker that dies in the handler leaves that row: the replay runs the
+        handler on it and does not reserve a second time."""
+        reserved, runs = [], []
+
+        class WorkerDied(BaseException):  # as SIGKILL would: nothing after it runs
+            pass
+
+        def handler(user):
+            runs.append(len(runs) + 1)
+            if len(runs) == 1:
+                raise WorkerDied()
+            return {"run": len(runs)}
+
+        register(skill("testing.dies_once", handler))
+        with pytest.raises(WorkerDied):
+            call("testing.dies_once", {}, tool_call_id="call_a", before_run=lambda: reserved.append("first"))
+        assert SkillExecution.objects.get().status == "running" and reserved == ["first"]
+        outcome = call("testing.dies_once", {}, tool_call_id="call_a", before_run=lambda: reserved.append("again"))
+        assert (outcome.ok, outcome.replayed, outcome.data) == (True, False, {"run": 2})
+        assert reserved == ["first"] and SkillExecution.objects.get().status == "completed"
+
 
 def test_a_call_made_inside_a_handler_is_its_child(call, register, dispatch, alice):
     def outer(user):

@@ -1,5 +1,5 @@
-"""What only a real database server shows: a query cut short by the deadline, and two
-workers racing on one (dispatch, tool_call_id)."""
+"""What only a real database server shows: a query cut short by the deadline, two
+workers racing on one (dispatch, tool_call_id), and two agents' skills running at once."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import time
 import pytest
 from django.db import connection, connections
 
-from orchestration.models import SkillExecution
+from orchestration.budget import reserve_skill_call
+from orchestration.models import Event, SkillExecution
 from skills.base import Skill
 from skills.executor import execute_skill
 from skills.models import Task
+from tests.factories import dispatch_for
 
 pytestmark = pytest.mark.postgres
 
@@ -88,3 +90,54 @@ def test_two_workers_racing_on_one_call_run_it_once(register, dispatch, alice):
     assert sorted(outcome.replayed for outcome in outcomes) == [False, True]
     assert outcomes[0].execution_id == outcomes[1].execution_id
     assert all(outcome.data == {"done": True} for outcome in outcomes)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_parallel_agents_skills_run_at_the_same_time(register, dispatch, alice):
+    """The turn's and the conversation's budget rows are locked only while a call is
+    reserved, not while its handler runs: otherwise one agent's slow skill holds every
+    other agent of the conversation at its next skill call (and its next LLM result)."""
+    second_started = threading.Event()
+    met = []
+
+    def handler(user, role):
+        if role == "first":
+            met.append(second_started.wait(timeout=10))  # the second runs while this one does
+        else:
+            second_started.set()
+        return {"role": role}
+
+    register(
+        Skill(
+            name="testing.rendezvous",
+            description="Waits for a sibling agent's call.",
+            parameters={"type": "object", "properties": {"role": {"type": "string"}}, "required": ["role"],
+                        "additionalProperties": False},
+            handler=handler,
+        )
+    )
+    sibling = dispatch_for(dispatch.turn, agent_id="a2")
+    outcomes = {}
+
+    def agent(agent_dispatch, role):
+        try:
+            outcomes[role] = execute_skill(
+                name="testing.rendezvous", arguments={"role": role}, user=alice, tool_call_id="call_1",
+                scope={"dispatch": agent_dispatch},
+                before_run=lambda: reserve_skill_call(dispatch=agent_dispatch, skill="testing.rendezvous",
+                                                      arguments={"role": role}),
+            )
+        finally:
+            connections.close_all()
+
+    first = threading.Thread(target=agent, args=(dispatch, "first"))
+    first.start()
+    while not SkillExecution.objects.filter(dispatch=dispatch).exists():  # the first is in its handler
+        time.sleep(0.01)
+    agent(sibling, "second")
+    first.join()
+    assert met == [True]
+    assert all(outcome.ok for outcome in outcomes.values())
+    dispatch.turn.refresh_from_db()
+    assert dispatch.turn.skill_calls == 2
+    assert Event.objects.filter(type="skill.started").count() == 2
