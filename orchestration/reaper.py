@@ -20,7 +20,7 @@ from django.utils import timezone
 from orchestration import dispatches as lifecycle
 from orchestration.events import event_record
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
-from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagent
+from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagent, enqueue_subagents
 from orchestration.turns import turn_fail
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,8 @@ def _requeue_unclaimed(queued_before) -> int:
     dispatch_ids = list(dispatches.values_list("pk", flat=True))
     for turn_id in turn_ids:
         enqueue_orchestrator_step(turn_id)
-    for dispatch_id in dispatch_ids:
-        enqueue_subagent(dispatch_id)
+    if dispatch_ids:
+        enqueue_subagents(dispatch_ids)
     return len(turn_ids) + len(dispatch_ids)
 
 
