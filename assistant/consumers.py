@@ -29,7 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import close_old_connections
 
-from assistant.live import Cursor, render_events
+from assistant.live import Cursor, render_events, resume_floor
 from orchestration.events import group_name
 from orchestration.models import Conversation
 
@@ -55,11 +55,11 @@ class ConversationConsumer(AsyncWebsocketConsumer):
             last_id = max(0, int(query.get("last", ["0"])[0]))
         except ValueError:
             last_id = 0
-        self.cursor = Cursor(last_id)
         self.wanted = asyncio.Event()
         self.group = group_name(conversation_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
+        self.cursor = Cursor(await _resume_floor(conversation_id, last_id))
         await self.push()
         self.deliverer = asyncio.create_task(self.deliver())
 
@@ -121,6 +121,11 @@ def _owned(user, conversation_id: int) -> Conversation | None:
     if user is None or not user.is_authenticated:
         return None
     return Conversation.objects.filter(pk=conversation_id, owner=user).first()
+
+
+@_pooled
+def _resume_floor(conversation_id: int, last_id: int) -> int:
+    return resume_floor(conversation_id, last_id)
 
 
 @_pooled

@@ -9,7 +9,7 @@ one repairs the gap, because it sends everything after the last event sent.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db.models import Max
 from django.template.loader import render_to_string
@@ -28,8 +28,8 @@ PANEL_EVENT_PREFIXES = ("turn.", "limit.", "agent.", "orchestrator.", "skill.")
 class Cursor:
     """Where one socket is in the conversation's event log."""
 
-    def __init__(self, last_id: int):
-        self.floor = last_id  # everything at or below has been sent (or rendered in the page)
+    def __init__(self, floor: int):
+        self.floor = floor  # everything at or below has been sent (or is in the page)
         self.sent: set[int] = set()
 
     def new_events(self, conversation_id: int) -> list[Event]:
@@ -49,19 +49,37 @@ class Cursor:
         return events
 
 
-def replay_floor(conversation_id: int, shown_up_to: int) -> int:
-    """Where a freshly rendered page's socket starts replaying.
+def replay_floor(conversation_id: int, shown_up_to: int, *, read_at: datetime | None = None) -> int:
+    """Where the socket of a page that shows events up to `shown_up_to`, read at
+    `read_at` (by default now: a page being rendered), starts replaying.
 
-    The page shows what had committed when it rendered, up to `shown_up_to`; on
-    PostgreSQL an event with a smaller id can still commit after that. So the socket
-    replays from the newest id that is settled instead, and the page drops the rows it
-    already has (static/js/live.js).
+    On PostgreSQL an event with a smaller id can still commit after that read. So the
+    socket replays from the newest id that was settled when the page read its events:
+    everything at or below it had committed by then, so the page has it. The page drops
+    the rows it already has (static/js/live.js).
     """
-    settled = timezone.now() - timedelta(seconds=SETTLE_SECONDS)
+    settled = (read_at or timezone.now()) - timedelta(seconds=SETTLE_SECONDS)
     floor = Event.objects.filter(
         conversation_id=conversation_id, id__lte=shown_up_to, created_at__lt=settled
     ).aggregate(floor=Max("id"))["floor"]
     return floor or 0
+
+
+def resume_floor(conversation_id: int, last: int) -> int:
+    """Where a connecting socket starts replaying, for a page that says it holds events
+    up to `last` (static/js/live.js sends its largest event id on every connect).
+
+    `last` is a hint, not a floor: the page may have read it while an event with a
+    smaller id was still uncommitted, and lost its socket before that event arrived.
+    Nor is the newest id settled *now* enough: after a restart of daphne `last` has long
+    settled itself, and that late event would be skipped for good. What counts is when
+    the page read `last`, and it cannot have been before `last` was created: so this is
+    `replay_floor` as of that moment. The socket resends the events of the SETTLE_SECONDS
+    before `last`, and the page drops those it has.
+    """
+    held_at = (Event.objects.filter(conversation_id=conversation_id, id__lte=last)
+               .order_by("-id").values_list("created_at", flat=True).first())
+    return replay_floor(conversation_id, last, read_at=held_at) if held_at else 0
 
 
 # The panels a push re-renders: only those its events can have changed. The chat, the

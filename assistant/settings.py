@@ -153,10 +153,17 @@ if not DEBUG:
 # Background work: django-q2 always on its ORM broker (DESIGN.md §4: at-least-once
 # delivery; the engine's leases and idempotency keys make a second delivery harmless).
 # `timeout` must stay below `retry`, or a slow task is handed out twice while it runs.
-# A turn runs up to LIMIT_TURN_MAX_AGENTS (8) agents at once while its orchestrator asks the
-# model for the next step: 10 workers run a whole turn without queueing one agent behind
-# another. Workers mostly wait on the LLM, so more workers than cores is the normal case.
-Q_WORKERS = env_int("Q_WORKERS", 10, minimum=1)
+# A worker process does not wait on the model: its runner (orchestration/runner.py) has up
+# to ASSISTANT_AGENTS_IN_FLIGHT / Q_WORKERS agents and orchestrator steps in flight at once,
+# each awaiting its model call. So Q_WORKERS bounds CPU work: about one per core.
+Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)
+ASSISTANT_AGENTS_IN_FLIGHT = env_int("ASSISTANT_AGENTS_IN_FLIGHT", 200, minimum=1)  # per qcluster
+# Each runner's threads for database and skill work, each with its own connection: the
+# connections a worker process holds, however many agents it has in flight.
+ASSISTANT_RUNNER_DB_THREADS = env_int("ASSISTANT_RUNNER_DB_THREADS", 8, minimum=1)
+# A worker process that ends (recycled, or the cluster stopping) lets its agents finish for
+# this long, then hands the rest back to the queue at their next step.
+ASSISTANT_RUNNER_DRAIN_SECONDS = env_float("ASSISTANT_RUNNER_DRAIN_SECONDS", 10.0, minimum=0)
 Q_TIMEOUT = env_int("Q_TIMEOUT", 600, minimum=1)
 Q_CLUSTER = {
     "name": "assistant",
@@ -167,6 +174,8 @@ Q_CLUSTER = {
     "timeout": Q_TIMEOUT,
     "retry": Q_TIMEOUT + 60,
     "max_attempts": 1,
+    # A worker process is replaced after this many tasks; its runner drains first.
+    "recycle": env_int("Q_RECYCLE", 500, minimum=1),
     "poll": env_float("Q_POLL_SECONDS", 0.05, minimum=0.01),
     "catch_up": False,
     "ack_failures": True,
@@ -191,6 +200,9 @@ ASSISTANT_ORCHESTRATOR_MODEL = env_str("ASSISTANT_ORCHESTRATOR_MODEL", "gpt-4o-m
 ASSISTANT_AGENT_MODEL = env_str("ASSISTANT_AGENT_MODEL", "gpt-4o-mini")
 ASSISTANT_LLM_TIMEOUT_SECONDS = env_float("ASSISTANT_LLM_TIMEOUT_SECONDS", 60.0, minimum=1)
 ASSISTANT_LLM_MAX_RETRIES = env_int("ASSISTANT_LLM_MAX_RETRIES", 2)
+# When a call still fails after the SDK's retries, the engine waits this long before its
+# own first retry (LIMIT_*_MAX_RETRIES of them), doubling each time (orchestration/retries.py).
+ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = env_float("ASSISTANT_LLM_RETRY_BACKOFF_SECONDS", 1.0, minimum=0)
 # Prices per million tokens, for the cost counters (0 = not shown).
 ASSISTANT_PRICE_PROMPT_PER_MTOK = env_float("ASSISTANT_PRICE_PROMPT_PER_MTOK", 0.15)
 ASSISTANT_PRICE_COMPLETION_PER_MTOK = env_float("ASSISTANT_PRICE_COMPLETION_PER_MTOK", 0.60)
@@ -203,6 +215,7 @@ ASSISTANT_LIMITS = {
     "agent_token_budget": env_int("LIMIT_AGENT_TOKEN_BUDGET", 60_000, minimum=1),
     "agent_timeout_seconds": env_float("LIMIT_AGENT_TIMEOUT_SECONDS", 300.0, minimum=1),
     "agent_max_retries": env_int("LIMIT_AGENT_MAX_RETRIES", 1),
+    "orchestrator_max_retries": env_int("LIMIT_ORCHESTRATOR_MAX_RETRIES", 2),
     "turn_max_agents": env_int("LIMIT_TURN_MAX_AGENTS", 8, minimum=1),
     "turn_max_skill_calls": env_int("LIMIT_TURN_MAX_SKILL_CALLS", 30, minimum=1),
     "turn_max_llm_iterations": env_int("LIMIT_TURN_MAX_LLM_ITERATIONS", 6, minimum=1),
@@ -219,6 +232,8 @@ ASSISTANT_MAX_STEP_ATTEMPTS = env_int("ASSISTANT_MAX_STEP_ATTEMPTS", 3, minimum=
 
 # Skills (DESIGN.md §7).
 SKILLS_WORKSPACE_ROOT = Path(env_str("SKILLS_WORKSPACE_ROOT", str(VAR_DIR / "workspaces")))
+# What skills did outside the database for calls not yet committed (skills/journal.py).
+SKILLS_JOURNAL_ROOT = Path(env_str("SKILLS_JOURNAL_ROOT", str(VAR_DIR / "journal")))
 SKILLS_MAX_FILE_BYTES = env_int("SKILLS_MAX_FILE_BYTES", 1_000_000, minimum=1)
 SKILLS_MAX_ARGUMENT_BYTES = env_int("SKILLS_MAX_ARGUMENT_BYTES", 64_000, minimum=1)
 SKILLS_BREAKER_THRESHOLD = env_int("SKILLS_BREAKER_THRESHOLD", 5, minimum=1)

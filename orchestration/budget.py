@@ -6,41 +6,77 @@ refused never counts, a replayed call (its row already open) never reserves twic
 the turn and conversation rows are locked only for the reservation, not while the
 handler runs. The turn counter is a conditional UPDATE (`WHERE skill_calls < limit`),
 which the database applies one row-lock at a time: with 8 agents racing for the last 3
-calls, exactly 3 updates match. The conversation's sliding window is counted under a
-lock on the conversation row, for the same reason.
+calls, exactly 3 updates match.
+
+The conversation's sliding window need not be counted on every call. A conversation has
+one active turn at a time, so the calls in the window are at most those it held when
+this turn started (`Turn.prior_window_calls`, which can only age out) plus this turn's
+own: while that sum is under the limit, the one conditional UPDATE of the turn's counter
+(which also checks the agent's lease, and reads the limits a Continue may have raised)
+is the whole reservation. Near the limit, the window is counted exactly, under a lock
+on the conversation row.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import F
+from django.db.models import Exists, F, IntegerField, OuterRef
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from orchestration.events import event_record
+from orchestration.leases import heartbeat
 from orchestration.limits import Limits, LimitTripped
-from orchestration.models import AgentDispatch, Conversation, Event, Turn
+from orchestration.models import AgentDispatch, Conversation, DispatchState, Event, Turn
 
 SKILL_STARTED = "skill.started"
 
 
-def reserve_skill_call(*, dispatch: AgentDispatch, skill: str, arguments: dict) -> None:
-    turn = dispatch.turn
-    limits = Limits.from_json(Turn.objects.values_list("limits", flat=True).get(pk=turn.pk))
-    taken = Turn.objects.filter(pk=turn.pk, skill_calls__lt=limits.turn_max_skill_calls).update(
-        skill_calls=F("skill_calls") + 1
-    )
-    if not taken:
-        raise LimitTripped(
-            "turn_max_skill_calls",
-            f"This turn used its {limits.turn_max_skill_calls} skill calls.",
-            detail={"limit": limits.turn_max_skill_calls, "used": limits.turn_max_skill_calls},
+def reserve_skill_call(*, dispatch: AgentDispatch, skill: str, arguments: dict, token: str | None = None) -> None:
+    """Take one skill call of the turn's and the conversation's budgets, or trip a limit
+    (LimitTripped). With `token`, only while the agent still holds its lease (LeaseLost)."""
+    if not _reserve_quickly(dispatch, token):
+        if token is not None:
+            heartbeat(AgentDispatch, dispatch.pk, token)
+        limits = Limits.from_json(Turn.objects.values_list("limits", flat=True).get(pk=dispatch.turn_id))
+        taken = Turn.objects.filter(pk=dispatch.turn_id, skill_calls__lt=limits.turn_max_skill_calls).update(
+            skill_calls=F("skill_calls") + 1
         )
-    _reserve_in_window(turn.conversation_id, limits)
+        if not taken:
+            raise LimitTripped(
+                "turn_max_skill_calls",
+                f"This turn used its {limits.turn_max_skill_calls} skill calls.",
+                detail={"limit": limits.turn_max_skill_calls, "used": limits.turn_max_skill_calls},
+            )
+        _reserve_in_window(dispatch.turn.conversation_id, limits)
     event_record(
         type=SKILL_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} → {skill}",
         payload={"skill": skill, "arguments": arguments},
     )
+
+
+def _reserve_quickly(dispatch: AgentDispatch, token: str | None) -> bool:
+    """The reservation in one UPDATE, when far enough from every limit (see above)."""
+    turn_limit = Cast(KeyTextTransform("turn_max_skill_calls", "limits"), IntegerField())
+    window_limit = Cast(KeyTextTransform("conversation_max_skill_calls", "limits"), IntegerField())
+    room = (Turn.objects.filter(pk=dispatch.turn_id, skill_calls__lt=turn_limit)
+            .filter(skill_calls__lt=window_limit - F("prior_window_calls")))
+    if token is not None:
+        # EXISTS, not a join: Django turns a joined UPDATE into `pk IN (subquery)`, whose
+        # counter check PostgreSQL does not re-read after waiting on a concurrent
+        # reservation's row lock, so eight racing agents could all take the last call.
+        room = room.filter(Exists(AgentDispatch.objects.filter(
+            pk=dispatch.pk, turn_id=OuterRef("pk"), lease_token=token, state=DispatchState.RUNNING,
+        )))
+    return bool(room.update(skill_calls=F("skill_calls") + 1))
+
+
+def calls_in_window(conversation_id: int, limits: Limits) -> int:
+    """The conversation's skill calls in the sliding window now (a turn's carry at start)."""
+    since = timezone.now() - timedelta(seconds=limits.conversation_window_seconds)
+    return Event.objects.filter(conversation_id=conversation_id, type=SKILL_STARTED, created_at__gte=since).count()
 
 
 def _reserve_in_window(conversation_id: int, limits: Limits) -> None:

@@ -1,7 +1,10 @@
 """Turning dispatch_agent calls into dispatches, or into errors the model can act on.
 
 All dispatch_agent calls of one LLM response are validated as a batch, so an agent may
-depend on another dispatched in the same response; graphlib finds cycles.
+depend on another dispatched in the same response. Whatever graph the model sends, only
+agents that can start one day are created: every cycle is refused (graphlib finds them,
+one at a time), and so is every agent that depends, directly or not, on one refused in
+the same batch or on an agent that already ended without success.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from graphlib import CycleError, TopologicalSorter
 
 from django.conf import settings
 
+from orchestration import dispatches as lifecycle
 from orchestration.events import event_record
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import ToolCall
@@ -70,13 +74,18 @@ def plan_batch(
     for item in planned:
         if item.error:
             continue
-        unknown = [dep for dep in item.spec.get("depends_on", []) if dep not in siblings and dep not in batch_ids]
+        depends_on = item.spec.get("depends_on", [])
+        unknown = [dep for dep in depends_on if dep not in siblings and dep not in batch_ids]
+        ended = [f"{dep} ({lifecycle.result_status(siblings[dep])})" for dep in depends_on
+                 if dep in siblings and lifecycle.is_terminal(siblings[dep]) and not lifecycle.succeeded(siblings[dep])]
         if unknown:
             known = sorted(set(siblings) | batch_ids)
             item.error = (
                 f"depends_on names unknown agents {unknown}; known agent_ids: {known or 'none'}."
             )
-    _refuse_cycles(planned, siblings)
+        elif ended:
+            item.error = f"depends_on names agents that ended without success: {', '.join(ended)}; it could never start."
+    _refuse_unstartable(planned, siblings)
     return planned
 
 
@@ -106,18 +115,35 @@ def _skill_problem(skills: list[str], profile: AgentProfile | None, parent_skill
     return ""
 
 
-def _refuse_cycles(planned: list[Planned], existing: dict[str, AgentDispatch]) -> None:
-    graph = {agent_id: set(d.depends_on) for agent_id, d in existing.items()}
-    valid = [i for i in planned if not i.error]
-    for item in valid:
-        graph[item.spec["agent_id"]] = set(item.spec.get("depends_on", []))
+def _refuse_unstartable(planned: list[Planned], existing: dict[str, AgentDispatch]) -> None:
+    """Refuse, until none is left, the dependents of refused batch members and the
+    members of each cycle. (An existing agent cannot be in a cycle: it was checked when
+    it was created, and it cannot depend on agents created after it.)"""
+    refused = {i.spec.get("agent_id") for i in planned if i.error and i.spec.get("agent_id") not in existing}
+    while True:
+        valid = {i.spec["agent_id"]: i for i in planned if not i.error}
+        for item in valid.values():
+            blocked = [dep for dep in item.spec.get("depends_on", []) if dep not in valid and dep in refused]
+            if blocked:
+                item.error = f"depends_on names {', '.join(blocked)}, refused in this batch; it could never start."
+                refused.add(item.spec["agent_id"])
+        if any(item.error for item in valid.values()):
+            continue
+        cycle = _a_cycle({agent_id: item.spec.get("depends_on", []) for agent_id, item in valid.items()})
+        if not cycle:
+            return
+        for agent_id in set(cycle):
+            valid[agent_id].error = f"depends_on forms a cycle: {' -> '.join(cycle)}. Remove one dependency."
+            refused.add(agent_id)
+
+
+def _a_cycle(graph: dict[str, list[str]]) -> list[str]:
+    """One cycle of the graph (as graphlib reports it, first node repeated last), or []."""
     try:
-        TopologicalSorter(graph).prepare()
+        TopologicalSorter({node: [d for d in deps if d in graph] for node, deps in graph.items()}).prepare()
     except CycleError as exc:
-        cycle = exc.args[1]
-        for item in valid:
-            if item.spec["agent_id"] in cycle:
-                item.error = f"depends_on forms a cycle: {' -> '.join(cycle)}. Remove one dependency."
+        return exc.args[1]
+    return []
 
 
 def reserve_agents(*, turn: Turn, count: int) -> None:

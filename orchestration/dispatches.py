@@ -1,20 +1,28 @@
 """Sub-agent lifecycle and the DAG scheduler (DESIGN.md §4).
 
-`created → running → waiting_for_merge → completed | failed → closed`, and
-`skipped` / `cancelled` straight to `closed`. Every transition is a conditional UPDATE
-and writes its event in the same transaction. Whenever a dispatch reaches a terminal
-state, `dispatch_settle` runs with the turn row locked: it skips the dependents of a
-failure, starts dependents that became ready, and wakes the waiting orchestrator once
-everything it waits for is terminal — under the lock, so no wake-up is ever lost.
+`created → running → waiting_for_merge → completed | failed → closed`; an agent whose run
+failed goes `running → failed`; `skipped` and `cancelled` go straight on to `closed`; and
+`running → created` hands an agent back (a pause, a wait for its own agents, the reaper).
+Every change of state is one conditional UPDATE in `transition`, written with its event
+in the same transaction.
+
+Whenever a dispatch reaches a terminal state, `dispatch_settle` runs with the turn row
+locked: it schedules (skips what can no longer start, starts what became ready) and
+wakes the waiting orchestrator once everything it waits for is terminal — under the
+lock, so no wake-up is ever lost. When the turn ends, in any way, `turn_dispatches_close`
+closes every dispatch it has.
 """
 
 from __future__ import annotations
 
-from django.db.models import F
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from orchestration.events import event_record
-from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
+from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, Turn, TurnStatus
 from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagents
 
 # Terminal from the orchestrator's point of view: the agent will not work any more.
@@ -28,6 +36,7 @@ TERMINAL_STATES = frozenset(
         DispatchState.CLOSED,
     }
 )
+OPEN_STATES = (DispatchState.CREATED, DispatchState.RUNNING)
 SUCCESS_OUTCOMES = frozenset({DispatchOutcome.COMPLETED, DispatchOutcome.BUDGET_EXCEEDED})
 
 
@@ -46,6 +55,16 @@ def result_status(dispatch: AgentDispatch) -> str:
     return dispatch.outcome or dispatch.state
 
 
+def transition(dispatch_id: int, *, source: str | Iterable[str], target: str, where: dict | None = None,
+               **fields) -> bool:
+    """Move a dispatch from `source` (a state or several) to `target`, setting `fields`,
+    if it is still there (and matches `where`, e.g. the caller's lease token). False when
+    another worker, the owner or the reaper moved it first: the caller must not go on."""
+    sources = [source] if isinstance(source, str) else list(source)
+    matching = AgentDispatch.objects.filter(pk=dispatch_id, state__in=sources, **(where or {}))
+    return bool(matching.update(state=target, **fields))
+
+
 def lock_turn(turn_id: int) -> Turn:
     """Serialise the turn's scheduling decisions on its row.
 
@@ -61,9 +80,18 @@ def lock_turn(turn_id: int) -> Turn:
     )
 
 
-def dispatch_start_ready(turn: Turn) -> list[AgentDispatch]:
-    """Enqueue every created dispatch whose dependencies all succeeded and, for a
-    delegating agent waiting on its own agents, whose awaited agents are all terminal.
+# --- scheduling -------------------------------------------------------------------------
+
+
+def dispatch_schedule(turn: Turn, dispatches: list[AgentDispatch] | None = None) -> list[AgentDispatch]:
+    """Skip every created dispatch that can no longer start, then enqueue the ready ones:
+    those whose dependencies all succeeded and, for a delegating agent waiting on its own
+    agents, whose awaited agents are all terminal. Call with the turn locked (and, if
+    given, the turn's `dispatches` as read under that lock).
+
+    Skipping here, whenever the graph is looked at, and not only when a dependency
+    fails, means no dispatch can wait on something that will never happen: whatever
+    order its dependencies ended in, however it was dispatched.
 
     A dispatch already queued and not yet claimed (`queued_at`) is not queued again: with
     fewer workers than agents, every agent that finished used to queue all its waiting
@@ -71,15 +99,17 @@ def dispatch_start_ready(turn: Turn) -> list[AgentDispatch]:
     turn. A task lost with its cluster is the reaper's (reaper._requeue_unclaimed)."""
     if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
         return []
-    dispatches = list(turn.dispatches.all())
+    if dispatches is None:
+        dispatches = list(turn.dispatches.all())
     by_id = {d.agent_id: d for d in dispatches}
+    _skip_unstartable(dispatches, by_id)
 
     def ready(d: AgentDispatch) -> bool:
         awaited = (d.awaiting or {}).get("agent_ids") or []
         return (
             d.state == DispatchState.CREATED
             and d.queued_at is None
-            and all(dep in by_id and succeeded(by_id[dep]) for dep in d.depends_on)
+            and all(succeeded(by_id[dep]) for dep in d.depends_on)
             and all(name not in by_id or is_terminal(by_id[name]) for name in awaited)
         )
 
@@ -89,30 +119,115 @@ def dispatch_start_ready(turn: Turn) -> list[AgentDispatch]:
     return started
 
 
-def _transitive_dependents(dispatches: list[AgentDispatch], failed_id: str) -> list[AgentDispatch]:
+def _skip_unstartable(dispatches: list[AgentDispatch], by_id: dict[str, AgentDispatch]) -> None:
+    """Skip created dispatches with a dependency that is missing or ended without
+    success, until none is left: a skip can doom the skipped agent's own dependents."""
+    while True:
+        doomed = [(d, reason) for d in dispatches if d.state == DispatchState.CREATED
+                  and (reason := _unstartable(d, by_id))]
+        if not doomed:
+            return
+        for dispatch, reason in doomed:
+            dispatch_skip(dispatch, reason=reason)
+            dispatch.state, dispatch.outcome, dispatch.result = DispatchState.CLOSED, DispatchOutcome.SKIPPED, reason
+
+
+def _unstartable(dispatch: AgentDispatch, by_id: dict[str, AgentDispatch]) -> str:
+    """Why `dispatch` can never start ("" if it still can). A skipped dependency passes
+    its own reason on, so the whole chain names the agent that failed."""
+    for dep in dispatch.depends_on:
+        other = by_id.get(dep)
+        if other is None:
+            return f"dependency {dep} does not exist"
+        if other.outcome == DispatchOutcome.SKIPPED:
+            return other.result
+        if is_terminal(other) and not succeeded(other):
+            return f"dependency {dep} {result_status(other)}"
+    return ""
+
+
+def dispatch_settle(*, turn_id: int, dispatch: AgentDispatch) -> None:
+    """After `dispatch` became terminal: close its open agents, schedule, wake (call
+    inside the transaction that made it terminal)."""
+    turn = lock_turn(turn_id)
+    if (dispatch.contract or {}).get("permissions", {}).get("can_spawn_children"):
+        # A nested agent reports to its parent only: once the parent is done, nobody
+        # will read what its still-open agents produce.
+        for child in _open_descendants(dispatch):
+            dispatch_cancel(child, reason=f"cancelled: its parent {dispatch.agent_id} finished first")
+    dispatches = list(turn.dispatches.all())
+    dispatch_schedule(turn, dispatches)
+    orchestrator_wake_if_ready(turn, dispatches)
+
+
+def _open_descendants(dispatch: AgentDispatch) -> list[AgentDispatch]:
     found: list[AgentDispatch] = []
-    frontier = {failed_id}
-    while frontier:
-        layer = [d for d in dispatches if frontier & set(d.depends_on) and d not in found]
-        found.extend(layer)
-        frontier = {d.agent_id for d in layer}
+    layer = [dispatch.pk]
+    while layer:
+        children = list(AgentDispatch.objects.filter(parent_id__in=layer))
+        found.extend(c for c in children if c.state in OPEN_STATES)
+        layer = [c.pk for c in children]
     return found
 
 
-def dispatch_close(dispatch: AgentDispatch, *, outcome: str, reason: str) -> bool:
-    """Move a never-started dispatch straight to closed (skipped or cancelled)."""
+def orchestrator_wake_if_ready(turn: Turn, dispatches: list[AgentDispatch] | None = None) -> bool:
+    """If the orchestrator waits and every awaited agent is terminal, wake it once.
+    (`dispatches`: the turn's, as read under its lock.)"""
+    if turn.status != TurnStatus.WAITING:
+        return False
+    awaited = set(turn.awaiting.get("agent_ids") or [])
+    if dispatches is not None:
+        if any(d.agent_id in awaited and not is_terminal(d) for d in dispatches):
+            return False
+    elif turn.dispatches.filter(agent_id__in=awaited).exclude(state__in=TERMINAL_STATES).exists():
+        return False
+    if Turn.objects.filter(pk=turn.pk, status=TurnStatus.WAITING).update(status=TurnStatus.RUNNING):
+        enqueue_orchestrator_step(turn.pk)
+        return True
+    return False
+
+
+# --- ending: skipped, cancelled, merged, closed ------------------------------------------
+
+
+def dispatch_skip(dispatch: AgentDispatch, *, reason: str) -> bool:
+    """created → skipped → closed: it can never start (a dependency did not succeed)."""
+    return _end_unfinished(dispatch, DispatchState.SKIPPED, (DispatchState.CREATED,), reason=reason)
+
+
+def dispatch_cancel(dispatch: AgentDispatch, *, reason: str) -> bool:
+    """created | running → cancelled → closed: stopped before it finished. A running
+    agent's worker notices at its next step (or before its next skill) and stops."""
+    return _end_unfinished(dispatch, DispatchState.CANCELLED, OPEN_STATES, reason=reason)
+
+
+@transaction.atomic
+def _end_unfinished(dispatch: AgentDispatch, state: str, sources: tuple, *, reason: str) -> bool:
     now = timezone.now()
-    state = DispatchState.SKIPPED if outcome == DispatchOutcome.SKIPPED else DispatchState.CANCELLED
-    updated = AgentDispatch.objects.filter(
-        pk=dispatch.pk, state__in=[DispatchState.CREATED, DispatchState.RUNNING]
-    ).update(
-        state=DispatchState.CLOSED, outcome=outcome, close_reason=reason[:300],
-        result=reason, finished_at=now, closed_at=now, lease_token="",
-    )
-    if updated:
-        _closed_event(dispatch, summary=f"{dispatch.agent_id} {state}: {reason}", final="failed",
-                      close_reason=str(state), detail=reason)
-    return bool(updated)
+    if not transition(dispatch.pk, source=sources, target=state, outcome=state, result=reason,
+                      finished_at=now, lease_token="", lease_expires_at=None):
+        return False
+    dispatch_usage_settle(dispatch)
+    transition(dispatch.pk, source=state, target=DispatchState.CLOSED, close_reason=reason[:300], closed_at=now)
+    _closed_event(dispatch, summary=f"{dispatch.agent_id} {state}: {reason}", final="failed", close_reason=state,
+                  detail=reason)
+    return True
+
+
+@transaction.atomic
+def dispatch_merge(dispatch: AgentDispatch, *, unread: str = "") -> None:
+    """The orchestrator consumed the result: waiting_for_merge → completed → closed, or
+    failed → closed; anything else is left as it is. With `unread`, the turn ended
+    before anyone read the result: it is closed all the same, saying why."""
+    if transition(dispatch.pk, source=DispatchState.WAITING_FOR_MERGE, target=DispatchState.COMPLETED):
+        final, source = "completed", DispatchState.COMPLETED
+        reason = f"not merged: {unread}" if unread else "merged"
+    else:
+        final, source = "failed", DispatchState.FAILED
+        reason = (dispatch.outcome or "failed") + (f"; not read: {unread}" if unread else "")
+    if transition(dispatch.pk, source=source, target=DispatchState.CLOSED, close_reason=reason[:300],
+                  closed_at=timezone.now()):
+        _closed_event(dispatch, summary=f"{dispatch.agent_id} closed ({final})", final=final, close_reason=reason)
 
 
 def _closed_event(dispatch: AgentDispatch, *, summary: str, final: str, close_reason: str, **extra) -> None:
@@ -131,70 +246,9 @@ def _closed_event(dispatch: AgentDispatch, *, summary: str, final: str, close_re
     )
 
 
-def dispatch_settle(*, turn_id: int, dispatch_id: int) -> None:
-    """After a dispatch became terminal: skip, start, wake (call inside a transaction)."""
-    turn = lock_turn(turn_id)
-    dispatch = AgentDispatch.objects.get(pk=dispatch_id)
-    if is_terminal(dispatch):
-        # A nested agent reports to its parent only: once the parent is done, nobody
-        # will read what its still-open agents produce.
-        for child in _open_descendants(dispatch):
-            dispatch_close(child, outcome=DispatchOutcome.CANCELLED,
-                           reason=f"cancelled: its parent {dispatch.agent_id} finished first")
-    dispatches = list(turn.dispatches.all())
-    if is_terminal(dispatch) and not succeeded(dispatch):
-        for dependent in _transitive_dependents(dispatches, dispatch.agent_id):
-            if dependent.state == DispatchState.CREATED:
-                dispatch_close(
-                    dependent,
-                    outcome=DispatchOutcome.SKIPPED,
-                    reason=f"dependency {dispatch.agent_id} {result_status(dispatch)}",
-                )
-    dispatch_start_ready(turn)
-    orchestrator_wake_if_ready(turn)
-
-
-def _open_descendants(dispatch: AgentDispatch) -> list[AgentDispatch]:
-    found: list[AgentDispatch] = []
-    layer = [dispatch.pk]
-    while layer:
-        children = list(AgentDispatch.objects.filter(parent_id__in=layer))
-        found.extend(c for c in children if c.state in (DispatchState.CREATED, DispatchState.RUNNING))
-        layer = [c.pk for c in children]
-    return found
-
-
-def orchestrator_wake_if_ready(turn: Turn) -> bool:
-    """If the orchestrator waits and every awaited agent is terminal, wake it once."""
-    if turn.status != TurnStatus.WAITING:
-        return False
-    awaited = set(turn.awaiting.get("agent_ids") or [])
-    pending = turn.dispatches.filter(agent_id__in=awaited).exclude(state__in=TERMINAL_STATES)
-    if pending.exists():
-        return False
-    if Turn.objects.filter(pk=turn.pk, status=TurnStatus.WAITING).update(status=TurnStatus.RUNNING):
-        enqueue_orchestrator_step(turn.pk)
-        return True
-    return False
-
-
-def dispatch_merge(dispatch: AgentDispatch) -> None:
-    """The orchestrator consumed the result: waiting_for_merge/failed → closed."""
-    if dispatch.state not in (DispatchState.WAITING_FOR_MERGE, DispatchState.FAILED):
-        return
-    now = timezone.now()
-    final = "completed" if dispatch.state == DispatchState.WAITING_FOR_MERGE else "failed"
-    reason = "merged" if final == "completed" else (dispatch.outcome or "failed")
-    updated = AgentDispatch.objects.filter(pk=dispatch.pk, state=dispatch.state).update(
-        state=DispatchState.CLOSED, close_reason=reason, closed_at=now
-    )
-    if updated:
-        _closed_event(dispatch, summary=f"{dispatch.agent_id} closed ({final})", final=final, close_reason=reason)
-
-
 def dispatch_results_collect(names: list[str], found: dict[str, AgentDispatch]) -> dict:
     """get_agent_results' answer for terminal agents (DESIGN.md §3); reading a result
-    merges it (waiting_for_merge/failed → closed). Call with the turn locked."""
+    merges it. Call with the turn locked."""
     agents = []
     for name in names:
         dispatch = found.get(name)
@@ -214,12 +268,29 @@ def dispatch_results_collect(names: list[str], found: dict[str, AgentDispatch]) 
     return {"agents": agents}
 
 
-def dispatch_cancel_open(turn: Turn, *, reason: str) -> int:
-    """Cancel every dispatch of the turn that has not finished (stop, or turn over)."""
-    cancelled = 0
-    for dispatch in turn.dispatches.filter(state__in=[DispatchState.CREATED, DispatchState.RUNNING]):
-        cancelled += dispatch_close(dispatch, outcome=DispatchOutcome.CANCELLED, reason=reason)
-    return cancelled
+def turn_dispatches_close(turn: Turn, *, reason: str) -> None:
+    """The turn is over: every dispatch it has reaches `closed`. Unfinished ones are
+    cancelled; finished ones nobody read are merged unread. Call in the transaction
+    that ends the turn."""
+    for dispatch in turn.dispatches.exclude(state=DispatchState.CLOSED).order_by("id"):
+        if dispatch.state in OPEN_STATES:
+            dispatch_cancel(dispatch, reason=f"cancelled: {reason}")
+        else:
+            dispatch_merge(dispatch, unread=reason)
+
+
+def dispatch_usage_settle(dispatch: AgentDispatch) -> None:
+    """An agent that ended without finishing its run (cancelled, skipped after a pause,
+    dead-lettered): its usage, counted from its stored model calls, goes to its row and
+    its turn. (A run that finishes writes its own: subagent._finish.)"""
+    usage = LLMCall.objects.filter(dispatch_id=dispatch.pk).aggregate(
+        llm_calls=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
+        cached_tokens=Sum("cached_tokens"))
+    if not usage["llm_calls"]:
+        return
+    AgentDispatch.objects.filter(pk=dispatch.pk).update(**usage)
+    usage.pop("llm_calls")
+    turn_counter_add(dispatch.turn_id, **usage)
 
 
 def turn_counter_add(turn_id: int, **amounts: int) -> None:

@@ -24,7 +24,10 @@ class Limits:
     agent_timeout_seconds: float
     """Per sub-agent: wall clock from its first start."""
     agent_max_retries: int
-    """Per sub-agent: retries of an attempt that failed for a transient reason."""
+    """Per sub-agent: retries of a model call that still failed for a transient reason
+    after the SDK's own retries; the call is asked again with the transcript as it stood."""
+    orchestrator_max_retries: int
+    """Per turn: the same, for the orchestrator's model calls."""
     turn_max_agents: int
     """Per turn: dispatches, nested ones included."""
     turn_max_skill_calls: int

@@ -64,6 +64,9 @@ class Turn(models.Model):
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
     continuations = models.PositiveIntegerField(default=0)
+    # The conversation's skill calls in its sliding window when this turn started: with
+    # this turn's own, a bound on the window that only ages down (orchestration/budget.py).
+    prior_window_calls = models.PositiveIntegerField(default=0)
     # What the waiting orchestrator step is waiting for: {"tool_call_id", "agent_ids"}.
     awaiting = models.JSONField(default=dict, blank=True)
     # The orchestrator step's lease (crash safety) and delivery count (dead-lettering).
@@ -72,6 +75,7 @@ class Turn(models.Model):
     # When its step was last handed to the broker and not yet claimed (see the reaper).
     queued_at = models.DateTimeField(null=True, blank=True)
     step_attempts = models.PositiveIntegerField(default=0)
+    llm_retries = models.PositiveIntegerField(default=0)  # transient-failure retries used
     error = models.TextField(blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -270,6 +274,9 @@ class AgentDispatch(models.Model):
     awaiting = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    # The wall-clock limit: first start + the agent timeout, moved on by the time the turn
+    # spent paused for its owner (a Continue does not hand over an agent already late).
+    deadline_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     closed_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)

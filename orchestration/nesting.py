@@ -12,15 +12,15 @@ any agent. A deeper level is refused with an error result the model can read.
 How a parent waits for its children: it does not hold a worker. When its
 `get_agent_results` names a child that is not terminal yet, the parent goes back to
 `created` with `awaiting` set and its lease released (`WaitForChildren`); the child that
-finishes last makes it ready again (`dispatches.dispatch_start_ready`, under the turn
+finishes last makes it ready again (`dispatches.dispatch_schedule`, under the turn
 lock, so the wake-up cannot be lost between "check" and "wait"), and the reaper re-wakes
 a parent whose wake-up died with a worker. The woken parent runs its loop from the start:
 its stored LLM responses, skill executions and children are replayed, not redone, until
 it reaches the same `get_agent_results` call, which now answers.
 
 The trade-off: a woken parent pays a replay (database reads, no model calls and no side
-effects) and an `agent.subagent_attempt` event per wait, and its wall-clock limit counts
-per run, not across waits. In exchange a tree of waiting parents can never starve the
+effects) and an `agent.subagent_attempt` event per wait; its budgets (wall clock, tokens,
+tools) run on across the wait. In exchange a tree of waiting parents can never starve the
 worker pool: with N workers and N parents waiting, the children still get workers.
 (A blocking wait with heartbeats would be simpler, but deadlocks once every worker holds
 a waiting parent.) With inline tasks (tests) children run when their dispatch commits,
@@ -105,7 +105,7 @@ def children_dispatch(*, dispatch: AgentDispatch, token: str, calls: list[ToolCa
                 continue
             dispatch_create(turn=turn, item=item, task_prompt=task_prompt, parent=dispatch, step_idx=step)
             answers[item.call.id] = dispatch_result_json(item.spec["agent_id"])
-        lifecycle.dispatch_start_ready(turn)
+        lifecycle.dispatch_schedule(turn)
     return answers
 
 
@@ -129,10 +129,9 @@ def children_results(*, dispatch: AgentDispatch, token: str, call: ToolCall, mes
         found = {c.agent_id: c for c in children if c.agent_id in names}
         waiting = any(not lifecycle.is_terminal(c) for c in found.values())
         if waiting:
-            released = AgentDispatch.objects.filter(
-                pk=dispatch.pk, lease_token=token, state=DispatchState.RUNNING
-            ).update(
-                state=DispatchState.CREATED, lease_token="", lease_expires_at=None, attempts=0,
+            released = lifecycle.transition(
+                dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.CREATED,
+                where={"lease_token": token}, lease_token="", lease_expires_at=None, attempts=0,
                 awaiting={"tool_call_id": call.id, "agent_ids": sorted(found)},
             )
             if not released:

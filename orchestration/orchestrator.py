@@ -1,16 +1,18 @@
-"""The orchestrator step (DESIGN.md §3–4).
+"""The orchestrator step (DESIGN.md §3–4), a runner job (orchestration/runner.py).
 
 One step claims the turn, then loops: answer pending tool calls, or ask the model. Each
 pass ends in one of three ways — the turn is answered, it waits for agents (the lease
 is released, no worker is held; the agent finishing last wakes it), or it goes round
-again. The loop is bounded by the turn's LLM-iteration limit and by MAX_PASSES.
+again. The loop is bounded by the turn's LLM-iteration limit and by MAX_PASSES. Only the
+model call is awaited on the runner's loop; the rest of a pass is one `db` call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
@@ -34,6 +36,10 @@ from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
 from orchestration.pauses import turn_pause
 from orchestration.prompts import orchestrator_system_prompt
+from orchestration import runner
+from orchestration.retries import complete_retrying
+from orchestration.runner import HandBack, db
+from orchestration.tasks import enqueue_orchestrator_step
 from orchestration.toolcalls import error_json, parse_arguments
 from orchestration.tooldefs import (
     DISPATCH_AGENT,
@@ -54,21 +60,23 @@ WAIT = "wait"
 AGAIN = "again"
 
 
-def orchestrator_step(*, turn_id: int) -> None:
-    token = _claim(turn_id)
+async def orchestrator_run(turn_id: int) -> None:
+    token = await db(_claim, turn_id)
     if token is None:
         return  # another worker has it, or the turn is not running
     try:
-        _run(turn_id, token)
+        await _run(turn_id, token)
     except LeaseLost:
         logger.info("Turn %s: lease lost; another worker continues", turn_id)
+    except HandBack:
+        await db(_requeue, turn_id, token)
     except LimitTripped as trip:
-        turn_pause(turn_id=turn_id, trip=trip, token=token)
+        await db(turn_pause, turn_id=turn_id, trip=trip, token=token)
     except LLMError as exc:
-        turn_fail(turn_id=turn_id, error=f"The model could not be reached: {exc}", token=token)
+        await db(turn_fail, turn_id=turn_id, error=f"The model could not be reached: {exc}", token=token)
     except Exception as exc:  # a bug or a broken dependency: never an endless retry
         logger.exception("Turn %s: orchestrator step failed", turn_id)
-        _retry_or_fail(turn_id, token, exc)
+        await db(_retry_or_fail, turn_id, token, exc)
 
 
 def _claim(turn_id: int) -> str | None:
@@ -93,27 +101,56 @@ def _retry_or_fail(turn_id: int, token: str, exc: Exception) -> None:
             f"(dead-lettered). Last error: {exc}",
         )
         return
-    with transaction.atomic():
-        if Turn.objects.filter(pk=turn_id, lease_token=token).update(lease_token="", lease_expires_at=None):
-            from orchestration.tasks import enqueue_orchestrator_step
-
-            enqueue_orchestrator_step(turn_id)
+    _requeue(turn_id, token)
 
 
-def _run(turn_id: int, token: str) -> None:
+@transaction.atomic
+def _requeue(turn_id: int, token: str) -> None:
+    """Give the step back to the queue (a later delivery, or another process)."""
+    if Turn.objects.filter(pk=turn_id, lease_token=token).update(lease_token="", lease_expires_at=None):
+        enqueue_orchestrator_step(turn_id)
+
+
+async def _run(turn_id: int, token: str) -> None:
     provider = get_provider()
     for _ in range(MAX_PASSES):
+        request = await db(_next_request, turn_id, token)
+        if request is None:
+            return
+        response, duration_ms = await _ask(request, token, provider)
+        await db(_record, request, token, response, duration_ms)
+    raise RuntimeError(f"turn {turn_id}: no progress after {MAX_PASSES} passes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Request:
+    """What the next model call asks, with the turn it is for."""
+
+    turn: Turn
+    iteration: int
+    model: str
+    messages: list[dict]
+    tools: list[dict]
+    limits: Limits
+
+
+def _next_request(turn_id: int, token: str) -> _Request | None:
+    """Answer what can be answered without the model; then either the turn is done or
+    waits (None), or here is what to ask the model."""
+    while True:
+        if runner.handing_back():
+            raise HandBack()
         turn = Turn.objects.select_related("conversation__owner").get(pk=turn_id)
         if turn.status != TurnStatus.RUNNING or turn.lease_token != token:
-            return
+            return None
         assistant, pending = pending_tool_calls(turn)
         if pending:
             if _answer_tool_calls(turn, token, pending) == WAIT:
-                return
+                return None
             continue
         if assistant is not None and assistant.seq == _last_seq(turn) and assistant.content:
             turn_complete(turn_id=turn_id, token=token, answer=assistant)
-            return
+            return None
         limits = Limits.from_json(turn.limits)
         if turn.llm_iterations >= limits.turn_max_llm_iterations:
             raise LimitTripped(
@@ -122,8 +159,7 @@ def _run(turn_id: int, token: str) -> None:
                 "for this turn without a final answer.",
                 detail={"limit": limits.turn_max_llm_iterations, "used": turn.llm_iterations},
             )
-        _ask_model(turn, token, provider)
-    raise RuntimeError(f"turn {turn_id}: no progress after {MAX_PASSES} passes")
+        return _request_for(turn, limits)
 
 
 def _last_seq(turn: Turn) -> int:
@@ -132,49 +168,72 @@ def _last_seq(turn: Turn) -> int:
     return seen.order_by("-seq").values_list("seq", flat=True).first() or 0
 
 
-def _ask_model(turn: Turn, token: str, provider) -> None:
+def _request_for(turn: Turn, limits: Limits) -> _Request:
     profiles = profiles_by_name()
-    limits = Limits.from_json(turn.limits)
     prompt = orchestrator_system_prompt(
         profiles=[{"name": p.name, "description": p.description} for p in profiles.values()]
     )
     tools = orchestrator_tools(
         profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap
     )
-    model = settings.ASSISTANT_ORCHESTRATOR_MODEL
-    started = time.monotonic()
-    response = provider.complete(model=model, messages=llm_messages(turn=turn, system_prompt=prompt), tools=tools)
-    duration_ms = int((time.monotonic() - started) * 1000)
+    return _Request(turn=turn, iteration=turn.llm_iterations + 1, model=settings.ASSISTANT_ORCHESTRATOR_MODEL,
+                    messages=llm_messages(turn=turn, system_prompt=prompt), tools=tools, limits=limits)
+
+
+async def _ask(request: _Request, token: str, provider) -> tuple[LLMResponse, int]:
+    async def before_retry(retry: int, exc: LLMError, delay: float) -> None:
+        await db(_record_retry, request, token, retry, exc, delay)
+        await asyncio.sleep(delay)
+        await db(heartbeat, Turn, request.turn.pk, token)  # stopped meanwhile: the lease is gone, no further call
+
+    return await complete_retrying(
+        lambda: provider.acomplete(model=request.model, messages=request.messages, tools=request.tools),
+        used=request.turn.llm_retries, allowed=request.limits.orchestrator_max_retries, before_retry=before_retry,
+    )
+
+
+@transaction.atomic
+def _record_retry(request: _Request, token: str, retry: int, exc: LLMError, delay: float) -> None:
+    heartbeat(Turn, request.turn.pk, token, llm_retries=retry)
+    event_record(
+        type="orchestrator.llm_retry", turn=request.turn,
+        summary=f"Orchestrator call {request.iteration}: retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
+        payload={"iteration": request.iteration, "retry": retry, "reason": str(exc), "backoff_seconds": delay},
+    )
+
+
+@transaction.atomic
+def _record(request: _Request, token: str, response: LLMResponse, duration_ms: int) -> None:
+    """Store the response, its (uniquely named) tool calls and its event, or nothing."""
+    turn, iteration, model = request.turn, request.iteration, request.model
     calls = _unique_ids(turn, response.tool_calls)
-    with transaction.atomic():
-        heartbeat(Turn, turn.pk, token)
-        iteration = turn.llm_iterations + 1
-        LLMCall.objects.create(
-            turn=turn, key=f"orchestrator:{iteration}", model=response.model or model,
-            response=response.to_json(), duration_ms=duration_ms, **_usage(response),
-        )
-        Turn.objects.filter(pk=turn.pk).update(
-            llm_iterations=F("llm_iterations") + 1,
-            **{k: F(k) + v for k, v in _usage(response).items()},
-        )
-        message_append(
-            turn=turn, role=Message.Role.ASSISTANT, content=response.content,
-            tool_calls=[tool_call_message(call) for call in calls],
-        )
-        problem = _response_problem(response, calls)
-        if problem:
-            message_append(turn=turn, role=Message.Role.NOTE, content=problem)
-        event_record(
-            type="orchestrator.llm_call",
-            turn=turn,
-            summary=_llm_summary(iteration, response, calls),
-            payload={
-                "iteration": iteration, "model": response.model or model, "duration_ms": duration_ms,
-                "finish_reason": response.finish_reason, "usage": _usage(response),
-                "tool_calls": [{"name": c.name, "arguments": c.arguments[:2000]} for c in calls],
-                "content": response.content[:2000],
-            },
-        )
+    heartbeat(Turn, turn.pk, token)
+    LLMCall.objects.create(
+        turn=turn, key=f"orchestrator:{iteration}", model=response.model or model,
+        response=response.to_json(), duration_ms=duration_ms, **_usage(response),
+    )
+    Turn.objects.filter(pk=turn.pk).update(
+        llm_iterations=F("llm_iterations") + 1,
+        **{k: F(k) + v for k, v in _usage(response).items()},
+    )
+    message_append(
+        turn=turn, role=Message.Role.ASSISTANT, content=response.content,
+        tool_calls=[tool_call_message(call) for call in calls],
+    )
+    problem = _response_problem(response, calls)
+    if problem:
+        message_append(turn=turn, role=Message.Role.NOTE, content=problem)
+    event_record(
+        type="orchestrator.llm_call",
+        turn=turn,
+        summary=_llm_summary(iteration, response, calls),
+        payload={
+            "iteration": iteration, "model": response.model or model, "duration_ms": duration_ms,
+            "finish_reason": response.finish_reason, "usage": _usage(response),
+            "tool_calls": [{"name": c.name, "arguments": c.arguments[:2000]} for c in calls],
+            "content": response.content[:2000],
+        },
+    )
 
 
 def _response_problem(response: LLMResponse, calls: list[ToolCall]) -> str:
@@ -268,7 +327,7 @@ def _dispatch_batch(turn: Turn, token: str, calls: list[ToolCall]) -> None:
                 content = dispatch_result_json(item.spec["agent_id"])
             answers.append({"role": Message.Role.TOOL, "content": content, "tool_call_id": item.call.id})
         messages_append(turn=turn, messages=answers)
-        lifecycle.dispatch_start_ready(turn)
+        lifecycle.dispatch_schedule(turn)
 
 
 def _agent_results(turn: Turn, token: str, call: ToolCall) -> str:

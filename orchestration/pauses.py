@@ -102,6 +102,10 @@ def turn_continue(*, turn: Turn, user) -> Turn:
         Turn.objects.filter(pk=turn.pk).update(
             status=TurnStatus.RUNNING, limits=limits, continuations=F("continuations") + 1
         )
+        # The owner's time to decide is not the agents': their wall clocks move on by it.
+        turn.dispatches.filter(state__in=lifecycle.OPEN_STATES, deadline_at__isnull=False).update(
+            deadline_at=F("deadline_at") + (timezone.now() - pause.tripped_at)
+        )
         event_record(
             type="turn.resumed", turn=turn,
             summary=f"Turn {turn.number} resumed by {user.get_username()}",
@@ -109,6 +113,6 @@ def turn_continue(*, turn: Turn, user) -> Turn:
                      "approved_at": timezone.now().isoformat(), "limits": limits},
         )
         turn.refresh_from_db()
-        lifecycle.dispatch_start_ready(turn)
+        lifecycle.dispatch_schedule(turn)
         enqueue_orchestrator_step(turn.pk)
     return turn

@@ -49,7 +49,7 @@ def reap_expired() -> dict:
     ).exclude(awaiting={})
     for turn_id in set(waiting_parents.values_list("turn_id", flat=True)):
         with transaction.atomic():
-            started = lifecycle.dispatch_start_ready(lifecycle.lock_turn(turn_id))
+            started = lifecycle.dispatch_schedule(lifecycle.lock_turn(turn_id))
             counts["parents_woken"] += sum(1 for d in started if d.awaiting)
     if any(counts.values()):
         logger.warning("Reaper: %s", counts)
@@ -77,16 +77,17 @@ def _reap_dispatch(dispatch: AgentDispatch) -> bool:
     if dispatch.attempts >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:
         error = f"The worker stopped {dispatch.attempts} times; giving up (dead-lettered)."
         now = timezone.now()
-        if AgentDispatch.objects.filter(pk=dispatch.pk, state=DispatchState.RUNNING, lease_token=dispatch.lease_token).update(
-            state=DispatchState.FAILED, outcome=DispatchOutcome.FAILED, error=error, result=error,
-            finished_at=now, lease_token="", lease_expires_at=None,
+        if lifecycle.transition(
+            dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.FAILED,
+            where={"lease_token": dispatch.lease_token}, outcome=DispatchOutcome.FAILED, error=error,
+            result=error, finished_at=now, lease_token="", lease_expires_at=None,
         ):
             event_record(type="agent.subagent_failed", dispatch=dispatch, summary=f"{dispatch.agent_id} failed: dead-lettered",
                          payload={"sub_agent_id": dispatch.agent_id, "outcome": "failed", "error": error})
-            lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch_id=dispatch.pk)
+            lifecycle.dispatch_usage_settle(dispatch)
+            lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch=dispatch)
         return True
-    if AgentDispatch.objects.filter(pk=dispatch.pk, state=DispatchState.RUNNING, lease_token=dispatch.lease_token).update(
-        state=DispatchState.CREATED, lease_token="", lease_expires_at=None
-    ):
+    if lifecycle.transition(dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.CREATED,
+                            where={"lease_token": dispatch.lease_token}, lease_token="", lease_expires_at=None):
         enqueue_subagent(dispatch.pk)
     return False

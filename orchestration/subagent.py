@@ -2,18 +2,25 @@
 
 A fresh, short LLM loop: focused system prompt, the mission, its context and the results
 of the agents it depends on, and only the scoped `use_skill` tool. Every model response
-is stored (LLMCall) before its tools run and every skill call is keyed by
-(dispatch, tool_call_id), so a delivery after a crash replays the stored steps and picks
-up where the dead worker stopped, without asking the model or running a side effect twice.
+is stored (LLMCall, keyed by the agent and its step) before its tools run and every skill
+call is keyed by (dispatch, tool_call_id, skill, arguments), so a delivery after a crash,
+a pause or a wait for its own agents replays the stored steps and picks up where the
+last one stopped, without asking the model or running a side effect twice.
+
+Replaying is also what makes the budgets per agent rather than per delivery: the tool
+and token counts are rebuilt from the replayed steps, exactly as they stood when each
+step was first taken. The wall clock runs from the agent's first start (`deadline_at`).
+A model call that fails transiently is retried where it failed (orchestration/retries.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
 from dataclasses import dataclass, replace
+from datetime import timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -24,20 +31,26 @@ from orchestration.delegation import can_delegate
 from orchestration.events import event_record
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.limits import Limits, LimitTripped
-from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
+from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
 from orchestration.pauses import turn_pause
 from orchestration.prompts import agent_system_prompt, agent_task_message
+from orchestration.retries import complete_retrying
+from orchestration.runner import HandBack, db
+from orchestration import runner
+from orchestration.tasks import enqueue_subagent
 from orchestration.toolcalls import error_json, load_json
 from orchestration.tooldefs import DISPATCH_AGENT, GET_AGENT_RESULTS
-from skills.executor import execute_skill
+from skills.executor import SkillOutcome, execute_skill
 from skills.tools import use_skill_tool
 
 logger = logging.getLogger(__name__)
 
 USE_SKILL = "use_skill"
-MAX_STEPS = 50  # a hard stop beyond the tool budget, for models that never call a tool
-RETRY_BACKOFF_SECONDS = (1.0, 2.0, 4.0)
+MAX_STEPS = 50  # a hard stop beyond every budget below
+# Replies that move nothing on (empty, cut off, or only calls to tools the agent does not
+# have) are answered with a nudge; this many in a row and the agent stops.
+MAX_IDLE_REPLIES = 3
 
 
 class Cancelled(Exception):
@@ -55,99 +68,100 @@ class Finish:
     error: str = ""
 
 
-def subagent_run(*, dispatch_id: int) -> None:
-    token = _claim(dispatch_id)
-    if token is None:
+async def agent_run(dispatch_id: int) -> None:
+    """One delivery of an agent (a runner job): claim it, run its loop, end it."""
+    claimed = await db(_claim, dispatch_id)
+    if claimed is None:
         return
-    dispatch = AgentDispatch.objects.select_related("turn__conversation__owner", "profile").get(pk=dispatch_id)
-    limits = Limits.from_json(dispatch.turn.limits)
-    while True:
-        try:
-            finish = _loop(dispatch, token, limits)
-        except LeaseLost:
-            logger.info("Dispatch %s: lease lost; another worker continues", dispatch_id)
-            return
-        except Cancelled:
-            lifecycle.dispatch_close(dispatch, outcome=DispatchOutcome.CANCELLED, reason="cancelled")
-            return
-        except Paused:
-            _release(dispatch, token)
-            return
-        except nesting.WaitForChildren:
-            return  # back in `created`; the agent finishing last wakes it
-        except LimitTripped as trip:
-            _release(dispatch, token)
-            turn_pause(turn_id=dispatch.turn_id, trip=trip)
-            return
-        except LLMError as exc:
-            if exc.transient and dispatch.retries < limits.agent_max_retries:
-                dispatch = _next_attempt(dispatch, token, exc)
-                continue
-            finish = Finish(DispatchOutcome.FAILED, "", f"LLM error: {exc}")
-        except Exception as exc:
-            logger.exception("Dispatch %s failed", dispatch_id)
-            finish = Finish(DispatchOutcome.FAILED, "", f"{type(exc).__name__}: {exc}")
-        _finish(dispatch, token, finish)
+    agent = await db(_Agent.load, *claimed)
+    try:
+        finish = await _loop(agent)
+    except LeaseLost:
+        logger.info("Dispatch %s: lease lost; another worker continues", dispatch_id)
         return
+    except Cancelled:
+        await db(lifecycle.dispatch_cancel, agent.dispatch, reason="cancelled")
+        return
+    except Paused:
+        await db(_release, agent.dispatch, agent.token)
+        return
+    except HandBack:
+        await db(_hand_back, agent.dispatch, agent.token)
+        return
+    except nesting.WaitForChildren:
+        return  # back in `created`; the agent finishing last wakes it
+    except LimitTripped as trip:
+        await db(_release, agent.dispatch, agent.token)
+        await db(turn_pause, turn_id=agent.dispatch.turn_id, trip=trip)
+        return
+    except LLMError as exc:
+        finish = Finish(DispatchOutcome.FAILED, "", f"LLM error: {exc}")
+    except Exception as exc:
+        logger.exception("Dispatch %s failed", dispatch_id)
+        finish = Finish(DispatchOutcome.FAILED, "", f"{type(exc).__name__}: {exc}")
+    await db(_finish, agent.dispatch, agent.token, finish, progress=agent.progress(), usage=agent.usage)
 
 
-def _claim(dispatch_id: int) -> str | None:
-    token = new_token()
-    now = timezone.now()
-    awaited = AgentDispatch.objects.filter(pk=dispatch_id).values_list("awaiting", flat=True).first()
-    claimed = AgentDispatch.objects.filter(pk=dispatch_id, state=DispatchState.CREATED).update(
-        state=DispatchState.RUNNING, lease_token=token, lease_expires_at=lease_until(),
-        heartbeat_at=now, queued_at=None, attempts=F("attempts") + 1, awaiting={},
-    )
-    if not claimed:
+@transaction.atomic
+def _claim(dispatch_id: int) -> tuple[AgentDispatch, str, bool] | None:
+    """(the dispatch, as this delivery holds it, its lease token, whether this is its
+    first start), or None when it is not ours to run (claimed already, or not `created`)."""
+    dispatch = (AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
+                .filter(pk=dispatch_id, state=DispatchState.CREATED).first())
+    if dispatch is None:
         return None
-    dispatch = AgentDispatch.objects.select_related("turn").get(pk=dispatch_id)
-    with transaction.atomic():
-        if dispatch.started_at is None:
-            AgentDispatch.objects.filter(pk=dispatch_id).update(started_at=now)
-            event_record(type="agent.subagent_started", dispatch=dispatch, summary=f"{dispatch.agent_id} started",
-                         payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts})
-        else:
-            reason = "its agents finished" if awaited else "redelivered"
-            event_record(type="agent.subagent_attempt", dispatch=dispatch,
-                         summary=f"{dispatch.agent_id} resumed ({reason})",
-                         payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts, "reason": reason,
-                                  "awaited": (awaited or {}).get("agent_ids", [])})
-    return token
+    token, now, awaited = new_token(), timezone.now(), dispatch.awaiting
+    first_start = dispatch.started_at is None
+    if first_start:
+        timeout = timedelta(seconds=Limits.from_json(dispatch.turn.limits).agent_timeout_seconds)
+        dispatch.started_at, dispatch.deadline_at = now, now + timeout
+    if not lifecycle.transition(
+        dispatch_id, source=DispatchState.CREATED, target=DispatchState.RUNNING,
+        lease_token=token, lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None,
+        attempts=F("attempts") + 1, awaiting={}, started_at=dispatch.started_at, deadline_at=dispatch.deadline_at,
+    ):
+        return None
+    dispatch.state, dispatch.lease_token, dispatch.awaiting = DispatchState.RUNNING, token, {}
+    dispatch.attempts += 1
+    if first_start:
+        event_record(type="agent.subagent_started", dispatch=dispatch, summary=f"{dispatch.agent_id} started",
+                     payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts})
+    else:
+        reason = "its agents finished" if awaited else "redelivered"
+        event_record(type="agent.subagent_attempt", dispatch=dispatch,
+                     summary=f"{dispatch.agent_id} resumed ({reason})",
+                     payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts, "reason": reason,
+                              "awaited": (awaited or {}).get("agent_ids", [])})
+    return dispatch, token, first_start
 
 
-def _release(dispatch: AgentDispatch, token: str) -> None:
+def _release(dispatch: AgentDispatch, token: str) -> bool:
     """Back to `created`: Continue starts it again and the replay skips finished steps."""
-    AgentDispatch.objects.filter(pk=dispatch.pk, lease_token=token).update(
-        state=DispatchState.CREATED, lease_token="", lease_expires_at=None
-    )
+    return lifecycle.transition(dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.CREATED,
+                                where={"lease_token": token}, lease_token="", lease_expires_at=None)
 
 
-def _next_attempt(dispatch: AgentDispatch, token: str, exc: LLMError) -> AgentDispatch:
-    retry = dispatch.retries + 1
-    delay = RETRY_BACKOFF_SECONDS[min(retry - 1, len(RETRY_BACKOFF_SECONDS) - 1)]
-    with transaction.atomic():
-        heartbeat(AgentDispatch, dispatch.pk, token, retries=retry)
-        event_record(
-            type="agent.subagent_attempt", dispatch=dispatch,
-            summary=f"{dispatch.agent_id} retry {retry} in {delay:.0f}s: {str(exc)[:120]}",
-            payload={"sub_agent_id": dispatch.agent_id, "retry": retry, "reason": str(exc), "backoff_seconds": delay},
-        )
-    time.sleep(delay)
-    dispatch.refresh_from_db()
-    return dispatch
+@transaction.atomic
+def _hand_back(dispatch: AgentDispatch, token: str) -> None:
+    """This process is ending: back to `created` and onto the queue for another one."""
+    if _release(dispatch, token):
+        enqueue_subagent(dispatch.pk)
 
 
-def _step_heartbeat(dispatch: AgentDispatch, token: str) -> None:
-    """Before each step: renew the lease if the agent may go on, in one UPDATE.
+def _step_heartbeat(dispatch: AgentDispatch, token: str, **progress) -> None:
+    """Before each step: renew the lease if the agent may go on, and write its `progress`
+    (transcript, counters), in one UPDATE.
 
     Otherwise say why: the turn paused (Paused), ended or the agent was stopped
-    (Cancelled), or the reaper gave the agent to another worker (LeaseLost)."""
+    (Cancelled), the reaper gave the agent to another worker (LeaseLost), or this
+    process is ending (HandBack)."""
+    if runner.handing_back():
+        raise HandBack()
     live = AgentDispatch.objects.filter(
         pk=dispatch.pk, lease_token=token, state=DispatchState.RUNNING,
         turn__status__in=[TurnStatus.RUNNING, TurnStatus.WAITING],
     )
-    if live.update(lease_expires_at=lease_until(), heartbeat_at=timezone.now()):
+    if live.update(lease_expires_at=lease_until(), heartbeat_at=timezone.now(), **progress):
         return
     state, status = AgentDispatch.objects.values_list("state", "turn__status").get(pk=dispatch.pk)
     if status == TurnStatus.PAUSED:
@@ -157,94 +171,212 @@ def _step_heartbeat(dispatch: AgentDispatch, token: str) -> None:
     raise LeaseLost(f"AgentDispatch {dispatch.pk}: lease lost")
 
 
-def _loop(dispatch: AgentDispatch, token: str, limits: Limits) -> Finish:
-    provider = get_provider()
-    user = dispatch.turn.conversation.owner
-    delegates = can_delegate(dispatch, limits)
-    tools = [use_skill_tool(dispatch.skills)] + (nesting.tools_for(dispatch, limits) if delegates else [])
-    profile_prompt = dispatch.profile.system_prompt if dispatch.profile else ""
-    messages = [
-        {"role": "system", "content": agent_system_prompt(profile_prompt=profile_prompt, delegates=delegates)},
-        {"role": "user", "content": agent_task_message(
-            mission=dispatch.mission, context=dispatch.context, prior_results=_prior_results(dispatch))},
-    ]
-    deadline = time.monotonic() + limits.agent_timeout_seconds
-    tokens = used = 0
-    last_text = ""
-    stored = _stored_responses(dispatch)
+async def _loop(agent: _Agent) -> Finish:
+    """Ask, act, until the agent reports or a budget ends it. Only the model is awaited
+    here; each step's database and skill work is one `db` call."""
     for step in range(MAX_STEPS):
-        _step_heartbeat(dispatch, token)
-        if time.monotonic() > deadline:
-            return Finish(DispatchOutcome.TIMEOUT, _partial(last_text, messages),
-                          f"wall-clock limit of {limits.agent_timeout_seconds:.0f}s reached")
-        if tokens >= limits.agent_token_budget:
-            return Finish(DispatchOutcome.BUDGET_EXCEEDED,
-                          _partial(last_text, messages, note=f"token budget of {limits.agent_token_budget} spent"))
-        response = _stored_or_asked(dispatch, token, step, stored, provider, messages, tools)
-        tokens += response.usage.prompt_tokens + response.usage.completion_tokens
+        response = agent.stored_response(step)
+        if response is None:
+            stop = await db(agent.before_call)
+            if stop is not None:
+                return stop
+            response, duration_ms = await _ask(agent, step)
+            finish = await db(agent.store_and_act, step, response, duration_ms)
+        else:
+            await db(agent.heartbeat)
+            finish = await db(agent.act, step, response)
+        if finish is not None:
+            return finish
+    return Finish(DispatchOutcome.FAILED, _partial(agent.last_text, agent.messages),
+                  f"no report after {MAX_STEPS} steps")
+
+
+async def _ask(agent: _Agent, step: int) -> tuple[LLMResponse, int]:
+    """A new model response for this step, and how long it took."""
+
+    async def before_retry(retry: int, exc: LLMError, delay: float) -> None:
+        await db(agent.record_retry, retry, exc, delay, step)
+        await asyncio.sleep(delay)
+        await db(agent.heartbeat)  # stopped or paused meanwhile: no further call
+
+    dispatch = agent.dispatch
+    return await complete_retrying(
+        lambda: agent.provider.acomplete(model=dispatch.model, messages=agent.messages, tools=agent.tools),
+        used=dispatch.retries, allowed=agent.limits.agent_max_retries, before_retry=before_retry,
+    )
+
+
+@dataclass(kw_only=True)
+class _Agent:
+    """An agent on this delivery: its row, its conversation so far and its counters,
+    rebuilt by replaying its stored steps (which is what makes its budgets its own)."""
+
+    dispatch: AgentDispatch
+    token: str
+    limits: Limits
+    provider: object
+    user: object
+    delegates: bool
+    tools: list[dict]
+    messages: list[dict]
+    stored: dict[str, dict]
+    usage: Usage = Usage()  # of every response so far, stored ones included
+    llm_calls: int = 0
+    used: int = 0
+    idle: int = 0
+    last_text: str = ""
+
+    @classmethod
+    def load(cls, dispatch: AgentDispatch, token: str, first_start: bool) -> _Agent:
+        limits = Limits.from_json(dispatch.turn.limits)
+        delegates = can_delegate(dispatch, limits)
+        profile_prompt = dispatch.profile.system_prompt if dispatch.profile else ""
+        return cls(
+            dispatch=dispatch, token=token, limits=limits, provider=get_provider(),
+            user=dispatch.turn.conversation.owner, delegates=delegates,
+            tools=[use_skill_tool(dispatch.skills)] + (nesting.tools_for(dispatch, limits) if delegates else []),
+            messages=[
+                {"role": "system", "content": agent_system_prompt(profile_prompt=profile_prompt, delegates=delegates)},
+                {"role": "user", "content": agent_task_message(
+                    mission=dispatch.mission, context=dispatch.context, prior_results=_prior_results(dispatch))},
+            ],
+            stored={} if first_start else _stored_responses(dispatch),
+        )
+
+    @property
+    def tokens(self) -> int:
+        return self.usage.prompt_tokens + self.usage.completion_tokens
+
+    def progress(self) -> dict:
+        """What the row keeps of the run so far, written with the next heartbeat (or the
+        end): a crash in between loses nothing a replay does not rebuild."""
+        return {"transcript": self.messages[1:], "tool_calls_used": self.used, "llm_calls": self.llm_calls,
+                "prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens,
+                "cached_tokens": self.usage.cached_tokens}
+
+    def heartbeat(self) -> None:
+        _step_heartbeat(self.dispatch, self.token, **self.progress())
+
+    def stored_response(self, step: int) -> LLMResponse | None:
+        stored = self.stored.get(_key(self.dispatch, step))
+        return LLMResponse.from_json(stored) if stored is not None else None
+
+    def before_call(self) -> Finish | None:
+        """Before a new model call (a stored step passed these checks when it was taken):
+        the lease, then the wall clock and token budget from the agent's first start and
+        first call, whatever deliveries came between."""
+        self.heartbeat()
+        limits = self.limits
+        if self.tokens >= limits.agent_token_budget:
+            return Finish(DispatchOutcome.BUDGET_EXCEEDED, _partial(
+                self.last_text, self.messages, note=f"token budget of {limits.agent_token_budget} spent"))
+        dispatch = self.dispatch
+        if dispatch.deadline_at is not None and timezone.now() >= dispatch.deadline_at:
+            # A Continue may have moved the deadline on since this delivery read it.
+            dispatch.deadline_at = AgentDispatch.objects.values_list("deadline_at", flat=True).get(pk=dispatch.pk)
+            if timezone.now() >= dispatch.deadline_at:
+                return Finish(DispatchOutcome.TIMEOUT, _partial(self.last_text, self.messages),
+                              f"wall-clock limit of {limits.agent_timeout_seconds:.0f}s reached")
+        return None
+
+    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> None:
+        dispatch = self.dispatch
+        with transaction.atomic():
+            heartbeat(AgentDispatch, dispatch.pk, self.token, retries=retry)
+            event_record(
+                type="agent.subagent_attempt", dispatch=dispatch,
+                summary=f"{dispatch.agent_id} retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
+                payload={"sub_agent_id": dispatch.agent_id, "retry": retry, "step": step, "reason": str(exc),
+                         "backoff_seconds": delay},
+            )
+        dispatch.retries = retry
+
+    def store_and_act(self, step: int, response: LLMResponse, duration_ms: int) -> Finish | None:
+        """Store a new response (before anything acts on it: a replay reuses it), then act.
+
+        Its key is the agent's and the step's: a worker that lost its lease during the call
+        finds the step stored by the agent's new holder, and stops."""
+        dispatch = self.dispatch
+        response = _unique_ids(response, self.messages, step)
+        usage = response.usage
+        try:
+            LLMCall.objects.create(
+                turn_id=dispatch.turn_id, dispatch=dispatch, key=_key(dispatch, step),
+                model=response.model or dispatch.model, response=response.to_json(), duration_ms=duration_ms,
+                prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+            )
+        except IntegrityError:
+            raise LeaseLost(f"AgentDispatch {dispatch.pk}: step {step} stored by another worker") from None
+        return self.act(step, response)
+
+    def act(self, step: int, response: LLMResponse) -> Finish | None:
+        """Take in the response: answer its tool calls, or see that the agent is done.
+        None: ask the model again."""
+        dispatch, limits, messages = self.dispatch, self.limits, self.messages
+        self.usage = self.usage + response.usage
+        self.llm_calls += 1
         messages.append(response.as_message())
-        last_text = response.content or last_text
+        self.last_text = response.content or self.last_text
         if not response.tool_calls:
             if response.content.strip() and response.finish_reason != "length":
-                _save_progress(dispatch, used, messages)
                 return Finish(DispatchOutcome.COMPLETED, response.content)
+            self.idle += 1
+            if self.idle >= MAX_IDLE_REPLIES:
+                return _idle_stop(self.idle, self.last_text, messages)
             messages.append({"role": "user", "content": "Your reply was empty or cut off. Reply with a short report."})
-            continue
+            return None
         dispatch_calls = [call for call in response.tool_calls if call.name == DISPATCH_AGENT]
         dispatched = (
-            nesting.children_dispatch(dispatch=dispatch, token=token, calls=dispatch_calls, step=step)
-            if delegates and dispatch_calls else {}
+            nesting.children_dispatch(dispatch=dispatch, token=self.token, calls=dispatch_calls, step=step)
+            if self.delegates and dispatch_calls else {}
         )
+        known = {USE_SKILL, DISPATCH_AGENT, GET_AGENT_RESULTS} if self.delegates else {USE_SKILL}
+        self.idle = 0 if any(call.name in known for call in response.tool_calls) else self.idle + 1
         for call in response.tool_calls:
-            if call.name in (DISPATCH_AGENT, GET_AGENT_RESULTS) and not delegates:
+            if call.name in (DISPATCH_AGENT, GET_AGENT_RESULTS) and not self.delegates:
                 content = error_json(nesting.refusal(dispatch, limits))
             elif call.name == DISPATCH_AGENT:
                 content = dispatched[call.id]
             elif call.name == GET_AGENT_RESULTS:
-                _save_progress(dispatch, used, messages)
-                content = nesting.children_results(dispatch=dispatch, token=token, call=call, messages=messages)
+                self.save_progress()  # the wait ends this delivery: the row has the run so far
+                content = nesting.children_results(dispatch=dispatch, token=self.token, call=call, messages=messages)
             elif call.name != USE_SKILL:
-                tools_text = ("the tools are use_skill, dispatch_agent and get_agent_results" if delegates
+                tools_text = ("the tools are use_skill, dispatch_agent and get_agent_results" if self.delegates
                               else "the only tool is use_skill")
                 content = error_json(f"unknown tool {call.name!r}; {tools_text}.")
-            elif used >= dispatch.max_tool_calls:
+            elif self.used >= dispatch.max_tool_calls:
                 content = error_json("tool budget spent; no more tool calls are possible.")
             else:
-                used += 1
-                content = _use_skill(dispatch, token, user, call)
+                self.used += 1
+                content = _use_skill(dispatch, self.token, self.user, call)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-        _save_progress(dispatch, used, messages)
-        if used >= dispatch.max_tool_calls:
+        if dispatch_calls:
+            self.save_progress()  # a replay answers these calls from the transcript (nesting)
+        if self.used >= dispatch.max_tool_calls:
             return Finish(DispatchOutcome.BUDGET_EXCEEDED, _partial(
-                last_text, messages, note=f"tool budget of {dispatch.max_tool_calls} calls spent"))
-    return Finish(DispatchOutcome.FAILED, _partial(last_text, messages), f"no report after {MAX_STEPS} steps")
+                self.last_text, messages, note=f"tool budget of {dispatch.max_tool_calls} calls spent"))
+        if self.idle >= MAX_IDLE_REPLIES:
+            return _idle_stop(self.idle, self.last_text, messages)
+        return None
+
+
+    def save_progress(self) -> None:
+        AgentDispatch.objects.filter(pk=self.dispatch.pk).update(**self.progress())
+
+
+def _key(dispatch: AgentDispatch, step: int) -> str:
+    return f"agent:{dispatch.pk}:s{step}"
+
+
+def _idle_stop(idle: int, last_text: str, messages: list[dict]) -> Finish:
+    return Finish(DispatchOutcome.FAILED, _partial(last_text, messages),
+                  f"no usable reply from the model {idle} times in a row (empty, cut off, or unknown tools)")
 
 
 def _stored_responses(dispatch: AgentDispatch) -> dict[str, dict]:
-    """The responses earlier deliveries stored, by key (`llm_calls` counts them: it is
-    incremented in the transaction that stores one)."""
-    if not dispatch.llm_calls:
-        return {}
+    """The responses earlier deliveries stored, by key."""
     return dict(LLMCall.objects.filter(dispatch=dispatch).values_list("key", "response"))
-
-
-def _stored_or_asked(dispatch, token, step, stored, provider, messages, tools) -> LLMResponse:
-    key = f"agent:{dispatch.pk}:r{dispatch.retries}:s{step}"
-    if key in stored:
-        return LLMResponse.from_json(stored[key])
-    started = time.monotonic()
-    response = provider.complete(model=dispatch.model, messages=messages, tools=tools)
-    duration_ms = int((time.monotonic() - started) * 1000)
-    response = _unique_ids(response, messages, step)
-    usage = {"prompt_tokens": response.usage.prompt_tokens, "completion_tokens": response.usage.completion_tokens,
-             "cached_tokens": response.usage.cached_tokens}
-    with transaction.atomic():
-        heartbeat(AgentDispatch, dispatch.pk, token, llm_calls=F("llm_calls") + 1,
-                  **{k: F(k) + v for k, v in usage.items()})
-        LLMCall.objects.create(turn_id=dispatch.turn_id, dispatch=dispatch, key=key, model=response.model or dispatch.model,
-                               response=response.to_json(), duration_ms=duration_ms, **usage)
-        lifecycle.turn_counter_add(dispatch.turn_id, **usage)
-    return response
 
 
 def _unique_ids(response: LLMResponse, messages: list[dict], step: int) -> LLMResponse:
@@ -270,32 +402,28 @@ def _use_skill(dispatch: AgentDispatch, token: str, user, call) -> str:
         return error_json('use_skill needs {"skill": "<name>", "arguments": {...}}.')
     name, skill_arguments = arguments["skill"], arguments.get("arguments", {})
 
-    def before_run() -> None:
-        # In the transaction that opens the skill's row, just before its handler: a
+    def before_run(skill: str, skill_arguments: object) -> None:
+        # In the transaction that opens the skill's row, just before its handler (for a
+        # skill a handler calls too), and only while the agent holds its lease: a
         # dispatch cancelled (or reaped) since this step began runs no further side
         # effect, even among one response's parallel calls.
-        heartbeat(AgentDispatch, dispatch.pk, token)
-        reserve_skill_call(dispatch=dispatch, skill=name, arguments=skill_arguments)
+        reserve_skill_call(dispatch=dispatch, skill=skill, arguments=skill_arguments, token=token)
 
-    outcome = execute_skill(
-        name=name, arguments=skill_arguments, user=user, tool_call_id=call.id,
-        scope={"dispatch": dispatch}, granted=dispatch.skills, before_run=before_run,
-    )
-    if not outcome.replayed:
+    def after_run(skill: str, outcome: SkillOutcome) -> None:
         status = outcome.status if outcome.ok or outcome.status != "failed" else f"failed ({outcome.error_kind})"
         event_record(
             type="skill.finished", dispatch=dispatch,
-            summary=f"{dispatch.agent_id} ← {name}: {status}",
-            payload={"skill": name, "status": outcome.status, "ok": outcome.ok, "error": outcome.error,
+            summary=f"{dispatch.agent_id} ← {skill}: {status}",
+            payload={"skill": skill, "status": outcome.status, "ok": outcome.ok, "error": outcome.error,
                      "error_kind": str(outcome.error_kind or ""), "duration_ms": outcome.duration_ms,
                      "execution_id": outcome.execution_id},
         )
+
+    outcome = execute_skill(
+        name=name, arguments=skill_arguments, user=user, tool_call_id=call.id,
+        scope={"dispatch": dispatch}, granted=dispatch.skills, before_run=before_run, after_run=after_run,
+    )
     return outcome.as_tool_content()
-
-
-def _save_progress(dispatch: AgentDispatch, used: int, messages: list[dict]) -> None:
-    AgentDispatch.objects.filter(pk=dispatch.pk).update(tool_calls_used=used, transcript=messages[1:])
-    dispatch.tool_calls_used = used
 
 
 def _prior_results(dispatch: AgentDispatch) -> list[dict]:
@@ -315,30 +443,34 @@ def _partial(last_text: str, messages: list[dict], *, note: str = "") -> str:
     return "\n".join(parts) or "No result."
 
 
-def _finish(dispatch: AgentDispatch, token: str, finish: Finish) -> None:
+@transaction.atomic
+def _finish(dispatch: AgentDispatch, token: str, finish: Finish, *, progress: dict | None = None,
+            usage: Usage = Usage()) -> None:
+    """running → waiting_for_merge (or failed), with the run's `progress` (transcript,
+    counters); the turn takes the agent's `usage`, and the scheduler takes it from there."""
     now = timezone.now()
+    progress = progress or {}
     ok = finish.outcome in lifecycle.SUCCESS_OUTCOMES
-    state = DispatchState.WAITING_FOR_MERGE if ok else DispatchState.FAILED
-    dispatch.refresh_from_db()
-    started = dispatch.started_at or now
-    duration_ms = int((now - started).total_seconds() * 1000)
-    with transaction.atomic():
-        updated = AgentDispatch.objects.filter(pk=dispatch.pk, lease_token=token, state=DispatchState.RUNNING).update(
-            state=state, outcome=finish.outcome, result=finish.result or finish.error, error=finish.error,
-            finished_at=now, duration_ms=duration_ms, lease_token="", lease_expires_at=None,
-        )
-        if not updated:
-            return
-        dispatch.refresh_from_db()
-        if ok:
-            event_record(type="agent.subagent_waiting_for_merge", dispatch=dispatch,
-                         summary=f"{dispatch.agent_id} finished ({finish.outcome}, {dispatch.tool_calls_used} tool calls)",
-                         payload={"sub_agent_id": dispatch.agent_id, "outcome": finish.outcome,
-                                  "result": finish.result[:4000], "tool_calls_used": dispatch.tool_calls_used,
-                                  "duration_ms": duration_ms})
-        else:
-            event_record(type="agent.subagent_failed", dispatch=dispatch,
-                         summary=f"{dispatch.agent_id} failed: {finish.error[:150]}",
-                         payload={"sub_agent_id": dispatch.agent_id, "outcome": finish.outcome, "error": finish.error,
-                                  "duration_ms": duration_ms})
-        lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch_id=dispatch.pk)
+    duration_ms = int((now - (dispatch.started_at or now)).total_seconds() * 1000)
+    if not lifecycle.transition(
+        dispatch.pk, source=DispatchState.RUNNING,
+        target=DispatchState.WAITING_FOR_MERGE if ok else DispatchState.FAILED, where={"lease_token": token},
+        outcome=finish.outcome, result=finish.result or finish.error, error=finish.error,
+        finished_at=now, duration_ms=duration_ms, lease_token="", lease_expires_at=None, **progress,
+    ):
+        return
+    tool_calls = progress.get("tool_calls_used", dispatch.tool_calls_used)
+    if ok:
+        event_record(type="agent.subagent_waiting_for_merge", dispatch=dispatch,
+                     summary=f"{dispatch.agent_id} finished ({finish.outcome}, {tool_calls} tool calls)",
+                     payload={"sub_agent_id": dispatch.agent_id, "outcome": finish.outcome,
+                              "result": finish.result[:4000], "tool_calls_used": tool_calls,
+                              "duration_ms": duration_ms})
+    else:
+        event_record(type="agent.subagent_failed", dispatch=dispatch,
+                     summary=f"{dispatch.agent_id} failed: {finish.error[:150]}",
+                     payload={"sub_agent_id": dispatch.agent_id, "outcome": finish.outcome, "error": finish.error,
+                              "duration_ms": duration_ms})
+    lifecycle.turn_counter_add(dispatch.turn_id, prompt_tokens=usage.prompt_tokens,
+                               completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens)
+    lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch=dispatch)

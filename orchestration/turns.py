@@ -7,6 +7,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from orchestration import dispatches as lifecycle
+from orchestration.budget import calls_in_window
 from orchestration.events import event_record
 from orchestration.history import message_append
 from orchestration.limits import Limits
@@ -40,8 +41,10 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
             if conversation.turns.filter(status__in=ACTIVE_TURN_STATUSES).exists():
                 raise TurnRefused(_BUSY)
             number = (conversation.turns.aggregate(n=Max("number"))["n"] or 0) + 1
+            limits = Limits.from_settings()
             turn = Turn.objects.create(
-                conversation=conversation, number=number, limits=Limits.from_settings().to_json()
+                conversation=conversation, number=number, limits=limits.to_json(),
+                prior_window_calls=calls_in_window(conversation.pk, limits),
             )
             message_append(turn=turn, role=Message.Role.USER, content=text)
             if not conversation.title:
@@ -72,9 +75,7 @@ def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
     turn = _finish(turn_id, token, status=TurnStatus.COMPLETED)
     if turn is None:
         return
-    for dispatch in turn.dispatches.filter(state__in=lifecycle.TERMINAL_STATES).exclude(state="closed"):
-        lifecycle.dispatch_merge(dispatch)
-    lifecycle.dispatch_cancel_open(turn, reason="the turn was answered before this agent finished")
+    lifecycle.turn_dispatches_close(turn, reason="the turn was answered before this agent finished")
     event_record(
         type="turn.completed", turn=turn, summary=f"Turn {turn.number} answered",
         payload={"answer_message_id": answer.pk, "llm_iterations": turn.llm_iterations,
@@ -89,7 +90,7 @@ def turn_fail(*, turn_id: int, error: str, token: str | None = None) -> None:
     turn = _finish(turn_id, token, status=TurnStatus.FAILED, error=error)
     if turn is None:
         return
-    lifecycle.dispatch_cancel_open(turn, reason="the turn failed")
+    lifecycle.turn_dispatches_close(turn, reason="the turn failed")
     message_append(turn=turn, role=Message.Role.NOTICE, content=f"Sorry — this turn failed. {error}")
     event_record(type="turn.failed", turn=turn, summary=f"Turn {turn.number} failed: {error[:200]}", payload={"error": error})
 
@@ -106,7 +107,7 @@ def turn_stop(*, turn: Turn, user) -> Turn:
         decision=TurnPause.Decision.STOP, decided_by=user, decided_at=timezone.now()
     )
     _finish(turn.pk, None, status=TurnStatus.STOPPED)
-    lifecycle.dispatch_cancel_open(turn, reason="cancelled: stopped by the owner")
+    lifecycle.turn_dispatches_close(turn, reason="stopped by the owner")
     summary = stop_summary(turn)
     message_append(turn=turn, role=Message.Role.NOTICE, content=summary)
     event_record(type="turn.stopped", turn=turn, summary=f"Turn {turn.number} stopped by {user.get_username()}",

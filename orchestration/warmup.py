@@ -1,4 +1,4 @@
-"""Pay a worker's one-off start-up costs before its first task, not during it.
+"""Start a worker's runner, and pay its one-off start-up costs before its first task.
 
 Importing the openai SDK and its (lazily imported) resources, the channel layer (with
 Redis: channels_redis and redis.asyncio), loading the skill registry and the engine
@@ -18,8 +18,15 @@ logger = logging.getLogger(__name__)
 
 def warm_up(**kwargs) -> None:
     from channels.layers import get_channel_layer
+    from django_q.conf import Conf
+
+    if Conf.SYNC:  # django-q2 runs an inline task through its worker function: no process
+        return
 
     from orchestration import orchestrator, subagent  # noqa: F401 - import is the point
+    from orchestration.runner import runner_start
+
+    runner_start()
     from orchestration.models import Turn
     from skills import registry
     from skills.tools import use_skill_tool

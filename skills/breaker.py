@@ -10,6 +10,7 @@ opens it again. All counting is done with F() expressions: no read-modify-write 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -19,26 +20,36 @@ from django.utils import timezone
 from skills.models import SkillCircuit
 
 
-def breaker_admit(*, skill: str) -> int | None:
-    """None if the call may run now; otherwise the whole seconds until the next trial."""
+@dataclass(frozen=True)
+class Admission:
+    retry_after: int | None  # None: the call may run now; else whole seconds until the next trial
+    clean: bool  # no failure counted: a healthy result has nothing to reset
+
+
+def breaker_admit(*, skill: str) -> Admission:
     circuit = SkillCircuit.objects.filter(skill=skill).first()
-    if circuit is None or circuit.opened_until is None:
-        return None
+    if circuit is None or (circuit.opened_until is None and not circuit.consecutive_failures):
+        return Admission(None, clean=True)
+    if circuit.opened_until is None:
+        return Admission(None, clean=False)
     now = timezone.now()
     if circuit.opened_until <= now:
         claimed = SkillCircuit.objects.filter(
             skill=skill, opened_until=circuit.opened_until
         ).update(opened_until=now + _cooldown(), updated_at=now)
         if claimed:
-            return None  # this call is the half-open trial
+            return Admission(None, clean=False)  # this call is the half-open trial
         circuit.refresh_from_db()
         if circuit.opened_until is None:
-            return None  # another trial closed it meanwhile
-    return max(1, math.ceil((circuit.opened_until - now).total_seconds()))
+            return Admission(None, clean=False)  # another trial closed it meanwhile
+    return Admission(max(1, math.ceil((circuit.opened_until - now).total_seconds())), clean=False)
 
 
 def breaker_record(*, skill: str, healthy: bool) -> None:
-    """Count one finished call: a healthy one closes the circuit, a failure may open it."""
+    """Count one finished call: a healthy one closes the circuit, a failure may open it.
+
+    (The executor skips a healthy call's record when the circuit was clean as it was
+    admitted: a failure counted meanwhile by another worker is reset by the next one.)"""
     now = timezone.now()
     if healthy:
         SkillCircuit.objects.filter(

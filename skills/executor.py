@@ -1,26 +1,39 @@
 """The one way a skill runs: `execute_skill`. Every call leaves one execution row.
 
 Order of a call:
-1. idempotency: a finished row with the same scope + tool_call_id is returned as is
-   (`replayed=True`); nothing runs again;
+1. idempotency: a finished row with the same scope + tool_call_id, for the same skill
+   with the same arguments, is returned as is (`replayed=True`); nothing runs again.
+   Some providers reuse tool-call ids across responses (`call_0` every time): a row
+   under the same id for another skill or other arguments is another call, keyed
+   apart (`_derived_id`). A fresh call's row is inserted straight away; the unique key
+   finds the replays;
 2. refusals (skill not granted, unknown, invalid arguments) are answered at once and
    recorded as failed rows, so the audit shows what the agent tried;
 3. the skill's circuit breaker may answer "temporarily unavailable";
 4. a short transaction commits the running row with `before_run` (the engine's limit
    counters), so the rows those lock are free again before the handler runs: parallel
    agents' skills run at the same time;
-5. a second transaction locks the running row, runs the handler (in a savepoint, under
-   its deadline) and writes the final status, so a skill's own rows and its execution
-   row's result commit together or not at all, and a concurrent delivery of the same
-   call waits for that result and replays it.
+5. a second transaction locks the running row, runs the handler under its deadline and
+   writes the final status, so a skill's own rows and its execution row's result
+   commit together or not at all, and a concurrent delivery of the same call waits for
+   that result and replays it. A handler that fails rolls its writes back with that
+   transaction; its failure is then recorded in one of its own.
 
 Handlers never crash the caller: SkillError, timeouts and unexpected exceptions all
 become error outcomes. Only `before_run`'s exceptions, the worker's own timeout and
 database failures while recording propagate.
+
+A handler may call another skill (`execute_skill` from inside it). That nested call is
+the running call's child and inherits its grant (a handler cannot widen it), its
+`before_run` (the engine's budgets count every skill call, nested or not) and its
+`after_run`. If the nested call's `before_run` refuses (a budget spent), that exception
+propagates out of the outer call too, whatever the handler does with it: the outer
+call is left open, as a direct call would be, and resumes once the budget allows.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -52,12 +65,47 @@ logger = logging.getLogger(__name__)
 MAX_TOOL_CONTENT_CHARS = 16_000
 _STORED_PREVIEW_CHARS = 2_000
 _SKILL_NAME_CHARS = 100  # AbstractSkillExecution.skill
+_TOOL_CALL_ID_CHARS = 128  # AbstractSkillExecution.tool_call_id
 
-# The execution whose handler is running in this context: a skill call made from
-# inside a handler becomes its child without the handler passing anything along.
-_running_execution: ContextVar[models.Model | None] = ContextVar(
-    "skills_running_execution", default=None
-)
+BeforeRun = Callable[[str, object], None]
+"""`before_run(skill_name, arguments)`: the engine's reservation, in the transaction
+that opens the call's row, before its handler runs. What it raises propagates."""
+
+AfterRun = Callable[[str, "SkillOutcome"], None]
+"""`after_run(skill_name, outcome)`: told of each call that ran or was refused (not of
+replays), e.g. to record an event."""
+
+
+@dataclass(kw_only=True)
+class _Running:
+    """The call whose handler is running in this context, as nested calls inherit it."""
+
+    row: models.Model
+    key: str  # current_call_key()
+    scope: dict
+    granted: frozenset[str] | None
+    before_run: BeforeRun | None
+    after_run: AfterRun | None
+    refused: BaseException | None = None  # a nested call's before_run refusal
+
+
+_running: ContextVar[_Running | None] = ContextVar("skills_running_call", default=None)
+
+
+def current_call_key() -> str | None:
+    """A key for the call whose handler is running, the same on every run of that call,
+    else None. Handlers whose effect lies outside the database (files, mail) use it to
+    recognise their own earlier, interrupted run (skills/journal.py).
+
+    A replay after a crash runs the handler again on the same committed row, so a call's
+    key is its row's. A nested call's row rolls back with the call around it, so its key
+    is that call's key and its own tool_call_id, which the handler passes again."""
+    running = _running.get()
+    return running.key if running is not None else None
+
+
+def _row_key(row: models.Model) -> str:
+    return f"{row._meta.label_lower}-{row.pk}-{int(row.started_at.timestamp() * 1_000_000)}"
 
 
 class ErrorKind(StrEnum):
@@ -115,92 +163,172 @@ def execute_skill(
     arguments: object,
     user,
     tool_call_id: str,
-    scope: dict,
+    scope: dict | None = None,
     granted: Collection[str] | None = None,
     parent=None,
-    before_run: Callable[[], None] | None = None,
+    before_run: BeforeRun | None = None,
+    after_run: AfterRun | None = None,
 ) -> SkillOutcome:
-    """Run skill `name` for `user`, exactly once per (scope, tool_call_id).
+    """Run skill `name` for `user`, exactly once per (scope, tool_call_id, skill, arguments).
 
     `scope` holds the execution model's own key fields, e.g. {"dispatch": dispatch}.
-    `granted`, when given, is the set of skills the caller may use. `parent` defaults to
-    the execution whose handler is making this call, if any.
+    `granted`, when given, is the set of skills the caller may use. Inside a running
+    handler, `scope`, `parent`, `granted`, `before_run` and `after_run` come from the
+    running call (a `granted` given here can only narrow its grant), so a handler needs
+    to know nothing of who called it.
     """
-    model = execution_model()
-    key = {**scope, "tool_call_id": tool_call_id}
-    existing = model.objects.filter(**key).first()
-    if existing is not None and existing.status != ExecutionStatus.RUNNING:
-        return _from_row(existing, replayed=True)
-    # A running row was opened (and reserved) but has no result: its worker died in the
-    # handler, or is in it now. The call runs again on that row, once no run holds it.
-    call = _Call(
-        model=model,
-        key=key,
-        stale=existing,
-        name=name,
-        arguments=arguments,
-        parent=parent if parent is not None else _running_execution.get(),
-    )
+    outer = _running.get()
+    if outer is not None:
+        scope = scope if scope is not None else outer.scope
+        parent = parent if parent is not None else outer.row
+        if outer.granted is not None:
+            granted = outer.granted if granted is None else outer.granted & set(granted)
+        before_run = before_run or outer.before_run
+        after_run = after_run or outer.after_run
+    if scope is None:
+        raise TypeError("execute_skill needs a scope outside a running skill call")
+    call = _Call(model=execution_model(), scope=scope, tool_call_id=tool_call_id, name=name,
+                 arguments=arguments, parent=parent, outer=outer)
     refusal = _refusal(name=name, arguments=arguments, granted=granted)
     if refusal is not None:
-        return call.record(refusal)
-    skill = get_skill(name)
-    retry_after = breaker_admit(skill=skill.name)
-    if retry_after is not None:
-        return call.record(
-            _failure(
-                ErrorKind.UNAVAILABLE,
-                f"skill {skill.name} is temporarily unavailable after repeated failures; "
-                f"retry after {retry_after} s",
-                retryable=True,
+        outcome = call.record(refusal)
+    else:
+        skill = get_skill(name)
+        admitted = breaker_admit(skill=skill.name)
+        if admitted.retry_after is not None:
+            outcome = call.record(
+                _failure(
+                    ErrorKind.UNAVAILABLE,
+                    f"skill {skill.name} is temporarily unavailable after repeated failures; "
+                    f"retry after {admitted.retry_after} s",
+                    retryable=True,
+                )
             )
-        )
-    return call.run(skill, user=user, before_run=before_run)
+        else:
+            outcome = call.run(skill, user=user, granted=granted, before_run=before_run, after_run=after_run,
+                               circuit_clean=admitted.clean)
+    if after_run is not None and not outcome.replayed:
+        after_run(str(name), outcome)
+    return outcome
+
+
+def _same_call(row, name: object, arguments: object) -> bool:
+    return row.skill == _skill_label(name) and row.arguments == _storable(arguments)
+
+
+def _derived_id(tool_call_id: str, name: object, arguments: object) -> str:
+    """The id for a call whose provider reused an id another call already has: derived
+    from what it asks for, so the same call maps to the same key on every replay."""
+    digest = hashlib.sha256(_compact([_skill_label(name), _storable(arguments)]).encode()).hexdigest()[:16]
+    return f"{str(tool_call_id)[: _TOOL_CALL_ID_CHARS - 17]}#{digest}"
+
+
+class _Failed(Exception):
+    """The handler failed: raised through its transaction so its writes roll back."""
+
+    def __init__(self, outcome: SkillOutcome, *, healthy: bool):
+        super().__init__(outcome.error)
+        self.outcome = outcome
+        self.healthy = healthy
 
 
 @dataclass(kw_only=True)
 class _Call:
-    """One call's row: opened (with its reservation), then run and finished."""
+    """One call's row: opened (with its reservation), then run and finished.
+
+    The row is keyed by (scope, tool_call_id) while that id is free or names this very
+    call (the same skill with the same arguments). A row under the same id for another
+    call is a provider reusing ids (`call_0` in every response): this call takes a
+    derived id (`_derived_id`). A fresh call's row is simply inserted: the unique key
+    catches a row that exists already (a replay), which is then read."""
 
     model: type[models.Model]
-    key: dict
-    stale: models.Model | None
+    scope: dict
+    tool_call_id: str
     name: object
     arguments: object
     parent: models.Model | None
+    outer: _Running | None = None  # the running call this one is nested in
 
     def record(self, outcome: SkillOutcome) -> SkillOutcome:
-        """Store a call that was answered without running its handler."""
-        started = time.monotonic()
-        with transaction.atomic():
-            row = self._open()
-            if row is None:
-                return self._winner()
-            return _finish(row, outcome, started)
+        """Store a call that was answered without running its handler (one INSERT)."""
+        fields = _answered_fields(outcome)
+        row, new = self._open(fields)
+        if new:
+            return replace(outcome, execution_id=row.pk)
+        if row.status != ExecutionStatus.RUNNING:
+            return _from_row(row, replayed=True)
+        # A running row of this call whose run died in its handler, answered now without
+        # running (its skill's breaker opened meanwhile, say), unless a run finished it.
+        if self.model.objects.filter(pk=row.pk, status=ExecutionStatus.RUNNING).update(**fields):
+            return replace(outcome, execution_id=row.pk)
+        return self._winner(row)
 
-    def run(self, skill: Skill, *, user, before_run: Callable[[], None] | None) -> SkillOutcome:
+    def run(self, skill: Skill, *, user, granted, before_run: BeforeRun | None,
+            after_run: AfterRun | None, circuit_clean: bool) -> SkillOutcome:
         started = time.monotonic()
-        row = self.stale or self._open_reserved(before_run)
-        with transaction.atomic():
-            if not self._claim(row):
-                return self._winner()
-            outcome, healthy = _call_handler(skill, user=user, arguments=self.arguments, row=row)
-            outcome = _finish(row, outcome, started)
-        breaker_record(skill=skill.name, healthy=healthy)
+        row, new = self._open({"status": ExecutionStatus.RUNNING}, before_run=before_run)
+        if not new and row.status != ExecutionStatus.RUNNING:
+            return _from_row(row, replayed=True)
+        # New, or a running row whose run died in the handler (its reservation was made):
+        # run the handler on it, once no other run holds it.
+        key = f"{self.outer.key}/{row.tool_call_id}" if self.outer else _row_key(row)
+        running = _Running(row=row, key=key, scope=self.scope,
+                           granted=frozenset(granted) if granted is not None else None,
+                           before_run=before_run, after_run=after_run)
+        try:
+            with transaction.atomic():
+                if not self._claim(row):
+                    return self._winner(row)
+                data = _call_handler(skill, user=user, arguments=self.arguments, running=running)
+                outcome = _finish(row, SkillOutcome(ok=True, status=ExecutionStatus.COMPLETED, data=data), started)
+            healthy = True
+        except _Failed as failed:
+            with transaction.atomic():
+                if not self._claim(row):
+                    return self._winner(row)
+                outcome = _finish(row, failed.outcome, started)
+            healthy = failed.healthy
+        if not (healthy and circuit_clean):
+            breaker_record(skill=skill.name, healthy=healthy)
         return outcome
 
-    def _open_reserved(self, before_run: Callable[[], None] | None) -> models.Model:
-        """The running row with `before_run` (the engine's budgets), committed before the
-        handler runs: the budget rows they lock are released at once, not held while
-        the handler runs. A committed running row has had its `before_run`: a replay, or
-        a concurrent delivery that opened it first, goes straight to the handler."""
-        with transaction.atomic():
-            row = self._open()
-            if row is None:
-                return self.model.objects.get(**self.key)
-            if before_run is not None:
-                before_run()
-            return row
+    def _open(self, fields: dict, *, before_run: BeforeRun | None = None) -> tuple[models.Model, bool]:
+        """(the row inserted now with `fields`, True), with `before_run` (the engine's
+        budgets) in the same transaction: committed before the handler runs, so the
+        budget rows it locks are free again while the handler runs. Or (this call's
+        existing row, False): a replay, which does not reserve again.
+
+        (A nested call opens its row inside the outer call's transaction, so its
+        reservation commits, or rolls back, with the outer call's result.)"""
+        tool_call_id = self.tool_call_id
+        for _ in range(2):
+            key = {**self.scope, "tool_call_id": tool_call_id}
+            try:
+                with transaction.atomic():
+                    row = self.model.objects.create(
+                        **key, skill=_skill_label(self.name), arguments=_storable(self.arguments),
+                        parent=self.parent, **fields,
+                    )
+                    if before_run is not None:
+                        self._reserve(before_run)
+                    return row, True
+            except IntegrityError:
+                existing = self.model.objects.filter(**key).first()
+                if existing is None:
+                    raise
+                if _same_call(existing, self.name, self.arguments):
+                    return existing, False
+                tool_call_id = _derived_id(self.tool_call_id, self.name, self.arguments)
+        raise IntegrityError(f"no free key for tool call {self.tool_call_id!r}")
+
+    def _reserve(self, before_run: BeforeRun) -> None:
+        try:
+            before_run(str(self.name), self.arguments)
+        except BaseException as exc:
+            if self.outer is not None:
+                self.outer.refused = exc
+            raise
 
     def _claim(self, row: models.Model) -> bool:
         """Lock the running row for this run; False if another run finished it first.
@@ -210,27 +338,13 @@ class _Call:
         return bool(self.model.objects.filter(pk=row.pk, status=ExecutionStatus.RUNNING).update(
             status=ExecutionStatus.RUNNING))
 
-    def _open(self) -> models.Model | None:
-        """The running row, or None if a concurrent call with the same key got there first."""
-        fields = {
-            "skill": _printable(str(self.name))[:_SKILL_NAME_CHARS],
-            "arguments": _storable(self.arguments),
-            "parent": self.parent,
-            "status": ExecutionStatus.RUNNING,
-        }
-        if self.stale is not None:
-            # only while still running: a concurrent run may have finished it meanwhile
-            if not self.model.objects.filter(pk=self.stale.pk, status=ExecutionStatus.RUNNING).update(**fields):
-                return None
-            return self.stale
-        try:
-            with transaction.atomic():
-                return self.model.objects.create(**self.key, **fields)
-        except IntegrityError:
-            return None
+    def _winner(self, row) -> SkillOutcome:
+        return _from_row(self.model.objects.get(pk=row.pk), replayed=True)
 
-    def _winner(self) -> SkillOutcome:
-        return _from_row(self.model.objects.get(**self.key), replayed=True)
+
+def _answered_fields(outcome: SkillOutcome) -> dict:
+    return {"status": outcome.status, "error": outcome.error, "result": _stored_result(outcome),
+            "finished_at": timezone.now(), "duration_ms": 0}
 
 
 def _refusal(*, name: object, arguments: object, granted: Collection[str] | None):
@@ -254,29 +368,43 @@ def _refusal(*, name: object, arguments: object, granted: Collection[str] | None
     return None
 
 
-def _call_handler(skill: Skill, *, user, arguments: dict, row) -> tuple[SkillOutcome, bool]:
-    """Run the handler in a savepoint; (outcome, whether the skill itself looked healthy)."""
-    token = _running_execution.set(row)
+def _call_handler(skill: Skill, *, user, arguments: dict, running: _Running) -> dict:
+    """The handler's result; a failure raises _Failed (whether the skill itself looked
+    healthy rides along). A nested call's refused reservation propagates instead, even
+    if the handler caught it."""
+    token = _running.set(running)
     try:
-        with transaction.atomic():
-            with deadline(skill.effective_timeout):
-                data = skill.handler(user, **arguments)
-            _check_result(data)
+        try:
+            data = _handler_data(skill, user=user, arguments=arguments, row=running.row)
+        except _Failed:
+            if running.refused is None:
+                raise
+    finally:
+        _running.reset(token)
+    if running.refused is not None:
+        raise running.refused
+    return data
+
+
+def _handler_data(skill: Skill, *, user, arguments: dict, row) -> dict:
+    try:
+        with deadline(skill.effective_timeout):
+            data = skill.handler(user, **arguments)
+        _check_result(data)
     except SkillTimeout as exc:
         outcome = _failure(
             ErrorKind.TIMEOUT, f"{skill.name} {exc}", status=ExecutionStatus.TIMEOUT, retryable=True
         )
-        return outcome, False
+        raise _Failed(outcome, healthy=False) from None
     except SkillError as exc:
         # A permanent error ("task 12 not found") is a correct answer to a bad request.
-        return _failure(ErrorKind.FAILED, exc.message, retryable=not exc.permanent), exc.permanent
+        raise _Failed(_failure(ErrorKind.FAILED, exc.message, retryable=not exc.permanent),
+                      healthy=exc.permanent) from None
     except Exception as exc:
         logger.exception("Skill %s failed unexpectedly (execution %s)", skill.name, row.pk)
         message = f"{skill.name} failed unexpectedly: {type(exc).__name__}: {exc}"
-        return _failure(ErrorKind.FAILED, message[:500]), False
-    finally:
-        _running_execution.reset(token)
-    return SkillOutcome(ok=True, status=ExecutionStatus.COMPLETED, data=data), True
+        raise _Failed(_failure(ErrorKind.FAILED, message[:500]), healthy=False) from None
+    return data
 
 
 def _check_result(data: object) -> None:
@@ -304,20 +432,20 @@ def _failure(
     )
 
 
+def _stored_result(outcome: SkillOutcome):
+    """What a row keeps in `result`: the data, or for a failure the details the agent
+    was shown, so a replay answers exactly as the first call did."""
+    if outcome.ok:
+        return outcome.data
+    return {"error_kind": outcome.error_kind, "problems": list(outcome.problems), "retryable": outcome.retryable}
+
+
 def _finish(row, outcome: SkillOutcome, started: float) -> SkillOutcome:
-    """Write the terminal state. A failed row keeps its error details in `result`."""
+    """Write the terminal state."""
     duration_ms = int((time.monotonic() - started) * 1000)
     row.status = outcome.status
     row.error = outcome.error
-    row.result = (
-        outcome.data
-        if outcome.ok
-        else {
-            "error_kind": outcome.error_kind,
-            "problems": list(outcome.problems),
-            "retryable": outcome.retryable,
-        }
-    )
+    row.result = _stored_result(outcome)
     row.finished_at = timezone.now()
     row.duration_ms = duration_ms
     row.save(update_fields=["status", "error", "result", "finished_at", "duration_ms"])
@@ -350,6 +478,11 @@ def _storable(arguments: object) -> object:
     if size > settings.SKILLS_MAX_ARGUMENT_BYTES:
         return {"oversized_bytes": size, "preview": _compact(arguments)[:_STORED_PREVIEW_CHARS]}
     return arguments
+
+
+def _skill_label(name: object) -> str:
+    """The skill name as its row stores it (whatever the model sent as a name)."""
+    return _printable(str(name))[:_SKILL_NAME_CHARS]
 
 
 def _printable(text: str) -> str:

@@ -1,4 +1,4 @@
-"""A per-call deadline that interrupts a skill handler (SIGALRM on the main thread).
+"""A per-call deadline that interrupts a skill handler, on any thread.
 
 django-q2 workers arm the same process timer (`signal.alarm`) for their own task
 timeout, so `deadline` nests: it remembers the enclosing handler and timer, never
@@ -10,13 +10,16 @@ with it (psycopg only cleans up after Ctrl-C), and the rollback that follows wou
 So queries are shielded: a deadline that expires during one cancels it on the server
 and raises as soon as the query returns.
 
-Signals only reach the main thread. Elsewhere (a web request in a thread pool) the
-handler cannot be interrupted: it runs to the end and an overrun is reported as a
-timeout afterwards, so the caller still rolls its writes back.
+Signals only reach the main thread. On any other thread (a worker's runner runs skills
+on its database threads) a timer thread does what the alarm would: it raises in the
+handler's thread between two bytecodes (PyThreadState_SetAsyncExc), or, if a query is
+running there, cancels it on the server and raises once it returned. Code blocked in C
+(a socket read, a sleep) is interrupted when it comes back to Python.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import threading
@@ -24,7 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +78,8 @@ class _Deadline:
 def deadline(seconds: float) -> Iterator[None]:
     """Raise SkillTimeout inside the block once `seconds` have passed."""
     if threading.current_thread() is not threading.main_thread():
-        started = time.monotonic()
-        yield
-        if time.monotonic() - started > seconds:
-            raise SkillTimeout(seconds)
+        with _thread_deadline(seconds):
+            yield
         return
     limit = _Deadline(seconds)
     previous_handler = signal.getsignal(signal.SIGALRM)
@@ -108,5 +109,95 @@ def _cancel_running_query() -> None:
         return
     try:
         connection.connection.cancel_safe(timeout=2.0)
+    except Exception:
+        logger.warning("Could not cancel a query past its skill's deadline.", exc_info=True)
+
+
+class _Expired(BaseException):
+    """Raised into a thread whose deadline passed; turned into SkillTimeout at once."""
+
+
+class _ThreadDeadline:
+    """`_Deadline` for a thread that is not the main one: the timer thread calls
+    `expire`. One lock orders it with the queries and the end of the block, so the
+    exception is never raised into a query, nor after the block."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.thread_id = threading.get_ident()
+        self.connection = connections[DEFAULT_DB_ALIAS]  # this thread's; the timer's is another
+        self.lock = threading.Lock()
+        self.expired = False
+        self.in_query = False
+        self.raised_into = False
+        self.over = False
+
+    def expire(self) -> None:
+        with self.lock:
+            if self.over:
+                return
+            self.expired = True
+            if self.in_query:
+                _cancel_query_of(self.connection)
+                return
+            self.raised_into = True
+            _raise_in_thread(self.thread_id, _Expired)
+
+    def run_query(self, execute, sql, params, many, context):
+        with self.lock:
+            if self.expired:
+                raise SkillTimeout(self.seconds)
+            nested = self.in_query
+            self.in_query = True
+        if nested:
+            return execute(sql, params, many, context)
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            with self.lock:
+                self.in_query = False
+                if self.expired:
+                    raise SkillTimeout(self.seconds)
+
+    def end(self) -> None:
+        """No exception may arrive after this: one not raised yet is withdrawn."""
+        with self.lock:
+            self.over = True
+            if self.raised_into:
+                _raise_in_thread(self.thread_id, None)
+
+
+@contextmanager
+def _thread_deadline(seconds: float) -> Iterator[None]:
+    limit = _ThreadDeadline(seconds)
+    timer = threading.Timer(seconds, limit.expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        try:
+            with connection.execute_wrapper(limit.run_query):
+                yield
+        finally:
+            timer.cancel()
+            limit.end()
+    except _Expired:
+        limit.end()
+        raise SkillTimeout(seconds) from None
+    if limit.expired:  # the block caught the SkillTimeout and went on: not for long
+        raise SkillTimeout(seconds)
+
+
+def _raise_in_thread(thread_id: int, exception: type[BaseException] | None) -> None:
+    """Raise `exception` in the thread at its next bytecode (None: withdraw a pending one)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exception) if exception is not None else None
+    )
+
+
+def _cancel_query_of(wrapper) -> None:
+    if wrapper is None or wrapper.vendor != "postgresql" or wrapper.connection is None:
+        return
+    try:
+        wrapper.connection.cancel_safe(timeout=2.0)
     except Exception:
         logger.warning("Could not cancel a query past its skill's deadline.", exc_info=True)

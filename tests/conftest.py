@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.test import override_settings
 
 PASSWORD = "correct horse battery staple"
 
@@ -14,6 +15,15 @@ def make_user(username: str, **extra):
     return get_user_model().objects.create_user(
         username=username, email=f"{username}@example.com", password=PASSWORD, **extra
     )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def skills_journal(tmp_path_factory):
+    """Skill calls journal their effects outside the database (skills/journal.py): in
+    tests, under a temporary folder, never under var/. A test inside a transaction never
+    commits, so its entries are never removed."""
+    with override_settings(SKILLS_JOURNAL_ROOT=tmp_path_factory.mktemp("journal")):
+        yield
 
 
 @pytest.fixture

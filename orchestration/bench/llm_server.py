@@ -5,14 +5,21 @@ a `respond(request) -> Reply` function after `latency` seconds (concurrently: on
 per request); `Plan` builds such a function from a DAG of scripted agents. Responses
 depend only on the request, so replays and concurrent workers get consistent answers.
 An unscripted request fails loudly (HTTP 500 with the reason; `errors` records it).
+
+It is no kinder than a real provider. Tool-call ids are fresh and random in every
+response by default, as OpenAI's are (`ids="reused"` numbers them `call_0`, `call_1`,
+... in every response, as some compatible servers do; `ids="scripted"` keeps the
+script's). `with_burst` makes a run of requests fail with 5xx or 429, longer than the
+SDK's own retries if asked; `Reply.delay` makes one hang.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -45,12 +52,40 @@ def http_error(status: int, message: str = "scripted error", headers: dict | Non
     return Reply(status=status, body=json.dumps({"error": {"message": message, "type": "scripted"}}), headers=headers or {})
 
 
+def with_burst(respond: Callable[[dict], Reply], *, count: int, status: int = 503,
+               when: Callable[[dict], bool] = lambda request: True, headers: dict | None = None):
+    """`respond`, except that the first `count` requests for which `when(request)` holds
+    fail with HTTP `status` (`.failed` counts them). Pick `count` above the SDK's
+    max_retries + 1 to outlast its own retries. A provider's throttling usually says
+    when to come back: `headers={"retry-after-ms": "10"}`."""
+    lock = threading.Lock()
+
+    def respond_or_fail(request: dict) -> Reply:
+        if when(request):
+            with lock:
+                if respond_or_fail.failed < count:
+                    respond_or_fail.failed += 1
+                    return http_error(status, f"scripted burst ({respond_or_fail.failed}/{count})", headers)
+        return respond(request)
+
+    respond_or_fail.failed = 0
+    return respond_or_fail
+
+
+TOOL_CALL_IDS = ("fresh", "reused", "scripted")
+
+
 class ScriptedLLM:
-    def __init__(self, respond: Callable[[dict], Reply] | None = None, latency: float = 0.0):
+    def __init__(self, respond: Callable[[dict], Reply] | None = None, latency: float = 0.0, ids: str = "fresh"):
+        if ids not in TOOL_CALL_IDS:
+            raise ValueError(f"ids must be one of {TOOL_CALL_IDS}")
         self.respond = respond
         self.latency = latency
+        self.ids = ids
         self.requests: list[dict] = []
         self.errors: list[str] = []
+        self.in_flight = 0  # requests being answered now (the latency included)
+        self.peak_in_flight = 0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -93,7 +128,15 @@ class ScriptedLLM:
                     scripted.errors.append(f"{type(exc).__name__}: {exc}")
                     reply = http_error(500, f"unscripted request: {exc}")
                     reply.headers = {"x-should-retry": "false"}
-                time.sleep(scripted.latency + reply.delay)
+                reply = scripted._with_ids(reply)
+                with scripted._lock:
+                    scripted.in_flight += 1
+                    scripted.peak_in_flight = max(scripted.peak_in_flight, scripted.in_flight)
+                try:
+                    time.sleep(scripted.latency + reply.delay)
+                finally:
+                    with scripted._lock:
+                        scripted.in_flight -= 1
                 body = reply.body if reply.body is not None else json.dumps(_completion(request, reply))
                 data = body.encode()
                 self.send_response(reply.status)
@@ -105,6 +148,15 @@ class ScriptedLLM:
                 self.wfile.write(data)
 
         return Handler
+
+    def _with_ids(self, reply: Reply) -> Reply:
+        if self.ids == "scripted" or not reply.tool_calls:
+            return reply
+        if self.ids == "reused":
+            ids = [f"call_{index}" for index in range(len(reply.tool_calls))]
+        else:
+            ids = [f"call_{secrets.token_hex(12)}" for _ in reply.tool_calls]
+        return replace(reply, tool_calls=[(new, name, args) for new, (_, name, args) in zip(ids, reply.tool_calls)])
 
 
 def _completion(request: dict, reply: Reply) -> dict:

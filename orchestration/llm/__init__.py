@@ -16,6 +16,8 @@ class Provider(Protocol):
 
     def complete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse: ...
 
+    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse: ...
+
 
 def get_provider() -> Provider:
     if settings.ASSISTANT_LLM_PROVIDER == "openai":

@@ -26,6 +26,10 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
 
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(self.prompt_tokens + other.prompt_tokens, self.completion_tokens + other.completion_tokens,
+                     self.cached_tokens + other.cached_tokens)
+
 
 @dataclass(frozen=True)
 class LLMResponse:

@@ -37,6 +37,9 @@ class OfflineProvider:
         usage = Usage(prompt_tokens=len(text) // 4, completion_tokens=len(json.dumps(response.to_json())) // 4)
         return LLMResponse(response.content, response.tool_calls, "stop", usage, "offline-planner")
 
+    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse:
+        return self.complete(model=model, messages=messages, tools=tools)
+
 
 # --- orchestrator side -------------------------------------------------------------------
 

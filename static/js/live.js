@@ -1,5 +1,5 @@
 // Keep live pushes idempotent: a row or group the page already has is not appended again
-// (a reconnect replays from the page's first known event; the server may resend).
+// (a connect replays the few events just before the page's last one; the server may resend).
 document.addEventListener("htmx:oobBeforeSwap", function (evt) {
   var fragment = evt.detail.fragment;
   if (!fragment || !fragment.children) return;
@@ -29,3 +29,22 @@ document.addEventListener("htmx:oobBeforeSwap", function (evt) {
   var incoming = evt.detail.fragment.querySelector("textarea");
   if (typed && typed.value && incoming && !incoming.disabled) incoming.value = typed.value;
 });
+
+// Every (re)connect asks for the events after the last one the page holds, not after the
+// id rendered at page load: htmx's ws extension reads ws-connect once and hands the same
+// URL to htmx.createWebSocket on each reconnect, so that is the one hook that sees every
+// attempt (htmx:wsConnecting fires once the socket exists). The server steps back from
+// this id to one surely settled (assistant/live.py resume_floor).
+(function () {
+  if (!window.htmx || !htmx.createWebSocket) return;
+  var create = htmx.createWebSocket;
+  htmx.createWebSocket = function (url) {
+    var parsed = new URL(url, location.href);
+    var last = parseInt(parsed.searchParams.get("last"), 10) || 0;
+    document.querySelectorAll('#timeline [id^="event-"]').forEach(function (row) {
+      last = Math.max(last, parseInt(row.id.slice("event-".length), 10) || 0);
+    });
+    parsed.searchParams.set("last", last);
+    return create(parsed.href);
+  };
+})();

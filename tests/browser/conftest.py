@@ -151,12 +151,38 @@ class Reaper(threading.Thread):
         self.join(timeout=10)
 
 
+def launch_web(env: dict[str, str], log_path: Path, port: int = 0) -> WebServer:
+    """`daphne` on 127.0.0.1:`port` (0: a free one), its output appended to `log_path`."""
+    # daphne adopts a socket bound here: no window in which another process takes the port
+    with socket.create_server(("127.0.0.1", port)) as listener, open(log_path, "ab") as log:
+        port = listener.getsockname()[1]
+        process = subprocess.Popen(
+            [str(Path(sys.executable).with_name("daphne")), "--fd", str(listener.fileno()),
+             "assistant.asgi:application"],
+            cwd=settings.BASE_DIR, env={**os.environ, "DJANGO_SETTINGS_MODULE": "assistant.settings",
+                                        "PYTHONUNBUFFERED": "1", **env},
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            pass_fds=[listener.fileno()],
+        )
+    return WebServer(process, log_path, f"http://127.0.0.1:{port}")
+
+
 @dataclass
 class Site:
     url: str
     llm: LiveLLM
     web: WebServer
     cluster: Cluster | None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def stop_web(self) -> None:
+        """daphne goes away: every page's socket drops (and its extension retries)."""
+        self.web.stop()
+
+    def start_web(self) -> None:
+        """daphne again, on the same port: the open pages reconnect to it."""
+        self.web = launch_web(self.env, self.web.log_path, urlsplit(self.url).port)
+        self.web.wait_ready()
 
 
 @pytest.fixture
@@ -167,26 +193,14 @@ def servers(llm, qcluster, tmp_path, request) -> Callable[..., Site]:
     def start(*, limits: dict | None = None, env: dict[str, str] | None = None, workers: int = 2) -> Site:
         """`workers=0`: daphne alone, for tests that start no turn."""
         shared = server_env(llm, {**limits_env(limits or {}), **(env or {})})
-        log_path = tmp_path / f"daphne-{len(started)}.log"
-        # daphne adopts a socket bound here: no window in which another process takes the port
-        with socket.create_server(("127.0.0.1", 0)) as listener, open(log_path, "wb") as log:
-            port = listener.getsockname()[1]
-            process = subprocess.Popen(
-                [str(Path(sys.executable).with_name("daphne")), "--fd", str(listener.fileno()),
-                 "assistant.asgi:application"],
-                cwd=settings.BASE_DIR, env={**os.environ, "DJANGO_SETTINGS_MODULE": "assistant.settings",
-                                            "PYTHONUNBUFFERED": "1", **shared},
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                pass_fds=[listener.fileno()],
-            )
-        web = WebServer(process, log_path, f"http://127.0.0.1:{port}")
+        web = launch_web(shared, tmp_path / f"daphne-{len(started)}.log")
         try:
             cluster = qcluster(workers=workers, env=shared) if workers else None  # while daphne boots
             web.wait_ready()
         except BaseException:
             web.stop()
             raise
-        started.append(Site(url=web.url, llm=llm, web=web, cluster=cluster))
+        started.append(Site(url=web.url, llm=llm, web=web, cluster=cluster, env=shared))
         return started[-1]
 
     reaper = Reaper()

@@ -1,4 +1,5 @@
-"""The live dashboard in chromium: a turn seen as it happens, a continue? prompt, a reload.
+"""The live dashboard in chromium: a turn seen as it happens, a continue? prompt, a reload,
+a reconnect.
 
 alice logs in through the form, opens a conversation and sends a message; daphne starts
 the turn and the cluster's workers run it against the scripted model. The page is never
@@ -8,6 +9,7 @@ reloaded unless the test says so: `window.__sameDocument` is set once and must s
 from __future__ import annotations
 
 import re
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.sync_api import expect
@@ -138,7 +140,7 @@ def test_a_reload_mid_turn_misses_and_doubles_nothing(servers, visit, alice, llm
     search = ("tasks.search", {"status": "open"})
     agents = [Agent(f"s{i}", ["tasks.search"], [search, search]) for i in range(3)]
     agents.append(Agent("last", ["tasks.search"], [search], depends_on=[a.agent_id for a in agents]))
-    llm.respond = slowed(Plan(agents, answer="Searched four times."), 0.5)
+    llm.respond = slowed(Plan(agents, answer="Searched four times."), 1.0)  # outlasts two reloads
     site = servers()
     alice_tab = visit(site, "alice")
     conversation_id = alice_tab.new_conversation()
@@ -162,6 +164,41 @@ def test_a_reload_mid_turn_misses_and_doubles_nothing(servers, visit, alice, llm
     assert len(groups) == len(set(groups)) == 1 + AgentDispatch.objects.filter(turn=turn).count()
     expect(page.locator("#messages .message.assistant")).to_have_count(1)
     alice_tab.screenshot(request.node, "after-reloads")
+
+
+def test_a_reconnect_replays_from_the_last_event_the_page_holds(servers, visit, alice):
+    """daphne restarts under an open page: every new socket asks for the events after the
+    largest id in the page (static/js/live.js), not after the id rendered at load, and the
+    page then shows each event once, those committed while its socket was down too."""
+    site = servers(workers=0)
+    alice_tab = visit(site, "alice")
+    page = alice_tab.page
+    sockets: list[str] = []
+    page.on("websocket", lambda socket: sockets.append(socket.url))
+
+    def last(url: str) -> int:
+        return int(parse_qs(urlsplit(url).query)["last"][0])
+
+    conversation_id = alice_tab.new_conversation()
+    page.evaluate("window.__sameDocument = true")
+    assert [last(url) for url in sockets] == [0]  # rendered with no events: the fallback
+    finished = turn_for(Conversation.objects.get(pk=conversation_id), status=TurnStatus.COMPLETED)
+    pushed = record_events(finished, 3)
+    page.wait_for_selector(f"#event-{max(pushed)}", state="attached")
+
+    site.stop_web()
+    page.wait_for_function("() => window.__socketOpen === false")
+    held = max(alice_tab.event_ids())
+    assert held == max(pushed)
+    while_down = record_events(finished, 2)
+    site.start_web()
+    alice_tab.wait_connected()
+
+    reconnects = sockets[1:]
+    assert reconnects and [last(url) for url in reconnects] == [held] * len(reconnects), sockets
+    shown = assert_timeline_complete(alice_tab, conversation_id)
+    assert set(while_down) <= set(shown)
+    assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
 
 
 def test_a_push_keeps_the_message_being_typed(servers, visit, alice):

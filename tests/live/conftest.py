@@ -36,9 +36,9 @@ class LiveLLM(ScriptedLLM):
     connection the request came on, so a test can find the worker that sent it.
     """
 
-    def __init__(self, respond=None, latency: float = 0.0):
+    def __init__(self, respond=None, latency: float = 0.0, **options):
         self._local = threading.local()
-        super().__init__(respond, latency)
+        super().__init__(respond, latency, **options)
 
     @property
     def client(self) -> tuple[str, int]:
@@ -98,7 +98,9 @@ def llm():
 
 @pytest.fixture
 def qcluster(transactional_db, llm, tmp_path, monkeypatch, settings) -> Callable[..., Cluster]:
-    """Start a qcluster subprocess: `qcluster(workers=4, env={...})`; stopped at teardown."""
+    """Start a qcluster subprocess: `qcluster(workers=4, env={...})`; stopped at teardown.
+
+    Its skills journal (skills/journal.py) is tmp_path / "journal"."""
     monkeypatch.setattr(Conf, "SYNC", False)  # this process only enqueues
     settings.ASSISTANT_LEASE_SECONDS = LEASE_SECONDS  # the reaper, when a test runs it here
     # The reaper's schedule (migration 0002) would run inside the cluster 30 s after it
@@ -114,7 +116,9 @@ def qcluster(transactional_db, llm, tmp_path, monkeypatch, settings) -> Callable
             "OPENAI_API_KEY": "test",
             "ASSISTANT_LLM_MAX_RETRIES": "0",
             "ASSISTANT_LLM_TIMEOUT_SECONDS": "30",
+            "ASSISTANT_LLM_RETRY_BACKOFF_SECONDS": "0.1",
             "ASSISTANT_LEASE_SECONDS": str(LEASE_SECONDS),
+            "SKILLS_JOURNAL_ROOT": str(tmp_path / "journal"),
             **(env or {}),
         }
         cluster = Cluster.start(env=environment, log_path=tmp_path / f"qcluster-{len(started)}.log", workers=workers)

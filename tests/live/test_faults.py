@@ -33,6 +33,7 @@ from orchestration.models import AgentDispatch, DispatchState, Event, Message, S
 from orchestration.reaper import reap_expired
 from orchestration.turns import turn_start
 from skills.domains.email.models import OutboxEmail
+from tests.checks import assert_ended_turns_closed
 from tests.factories import conversation_for
 from tests.live.conftest import LEASE_SECONDS, wait_for
 from tests.live.test_qcluster import EMAIL, SEARCH, is_agent, turn_done
@@ -71,6 +72,7 @@ def assert_settled(turn: Turn, mail_dir: Path | None = None) -> None:
         assert turn.error and any(turn.error in notice for notice in notices), (turn.error, list(notices))
     running = list(AgentDispatch.objects.filter(turn=turn, state=DispatchState.RUNNING).values_list("agent_id", flat=True))
     assert running == [], f"dispatches left running: {running}"
+    assert_ended_turns_closed()
     sent = SkillExecution.objects.filter(dispatch__turn=turn, skill="email.send", status="completed").count()
     assert OutboxEmail.objects.count() == sent
     if mail_dir is not None:
@@ -129,12 +131,56 @@ def test_sigkill_worker_mid_skill_sends_the_email_once(llm, qcluster, alice, mai
     assert llm.errors == []
 
 
+def test_sigkill_worker_after_the_email_went_out_sends_it_once(llm, qcluster, alice, mail, tmp_path):
+    """The worker dies after the mail went out, before its call committed. The replay
+    finds the journal entry the send left (skills/journal.py): it records the mail in the
+    outbox and does not send it again."""
+    plan = Plan([Agent("mailer", ["email.send"], [EMAIL], report="Mailed Bob."),
+                 Agent("reader", ["tasks.search"], [SEARCH])], answer="Mail sent.")
+    llm.latency = 0.05
+    llm.respond = plan
+    hold_after, holding = mail.parent / "hold-after", mail.parent / "holding"
+    journal = tmp_path / "journal"  # the cluster's SKILLS_JOURNAL_ROOT
+    hold_after.touch()
+    cluster = qcluster(workers=3, env=mail_env(mail))
+    turn = turn_start(conversation=conversation_for(alice), text="Mail Bob")
+
+    wait_for(holding.exists, timeout=60, what="email.send to deliver", cluster=cluster)
+    worker = int(holding.read_text())
+    assert worker in cluster.descendants()
+    os.kill(worker, signal.SIGKILL)
+    hold_after.unlink()
+
+    mailer = AgentDispatch.objects.get(turn=turn, agent_id="mailer")
+    assert mailer.state == "running"
+    # The mail went out; the outbox row died with the call's transaction, the execution
+    # row stays open (running), and the journal holds what the send did.
+    (sent,) = mail.iterdir()
+    assert OutboxEmail.objects.count() == 0
+    assert list(SkillExecution.objects.filter(dispatch=mailer).values_list("status", flat=True)) == ["running"]
+    assert len(list(journal.iterdir())) == 1
+
+    wait_turn_reaping(turn, cluster)
+
+    assert_settled(turn, mail)
+    assert turn.status == "completed", turn.error
+    mailer.refresh_from_db()
+    assert (mailer.outcome, mailer.attempts) == ("completed", 2)
+    assert list(mail.iterdir()) == [sent]
+    email = OutboxEmail.objects.get()
+    assert f"Message-ID: {email.message_id}" in sent.read_text()
+    assert turn.skill_calls == 2  # the replayed send did not reserve a second call
+    assert list(journal.iterdir()) == []  # removed once the replay committed
+    assert llm.errors == []
+
+
 def test_sigkill_whole_cluster_with_work_queued_then_restart(llm, qcluster, alice):
     """Tasks the dead cluster had taken from the queue, but not started, are not lost."""
     agents = [Agent(f"w{i}", ["tasks.search"], [SEARCH]) for i in range(6)]
     llm.latency = 0.4
     llm.respond = Plan(agents, answer="Six searches done.")
-    cluster = qcluster(workers=2)
+    # Runners with room for 2 jobs each: of the 6 agents, some wait in the queue.
+    cluster = qcluster(workers=2, env={"ASSISTANT_AGENTS_IN_FLIGHT": "4"})
     turn = turn_start(conversation=conversation_for(alice), text="Six searches on two workers")
 
     def midway() -> bool:
@@ -166,9 +212,11 @@ def test_sigkill_cluster_holding_every_queued_task_then_restart(llm, qcluster, a
     agents = [Agent(f"q{i}", ["tasks.search"], [SEARCH]) for i in range(2)]
     llm.latency = 0.2
     llm.respond = Plan(agents, answer="Both searches done.")
-    cluster = qcluster(workers=1)
+    # One worker whose runner holds one job: the orchestrator's step fills it, so the
+    # agents it dispatches go to the queue rather than starting on the runner.
+    cluster = qcluster(workers=1, env={"ASSISTANT_AGENTS_IN_FLIGHT": "1"})
     turn = turn_start(conversation=conversation_for(alice), text="Two searches, one busy worker")
-    async_task("time.sleep", 60)  # someone else's long task: runs once the orchestrator waits
+    async_task("time.sleep", 60)  # someone else's long task: holds the worker's process
 
     def taken() -> bool:  # the turn waits; the pusher has locked the agents' tasks
         turn.refresh_from_db()
@@ -216,6 +264,7 @@ def _restart_postgres() -> None:
                    check=True, capture_output=True, timeout=60)
 
 
+@pytest.mark.serial  # the other test processes' connections die with the server
 @pytest.mark.skipif(settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
                     reason="restarts the PostgreSQL server")
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir("/etc/postgresql"),

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import pytest
+from django.utils.module_loading import import_string
 from django_q.conf import Conf
 
 from orchestration.models import Turn
 from orchestration.turns import turn_start
-from tests.factories import conversation_for
 from orchestration.bench.llm_server import ScriptedLLM
+from tests.checks import assert_ended_turns_closed
+from tests.factories import conversation_for
 
 
 @pytest.fixture
@@ -20,6 +22,7 @@ def llm(settings, monkeypatch):
     settings.ASSISTANT_LLM_PROVIDER = "openai"
     settings.ASSISTANT_LLM_MAX_RETRIES = 0
     settings.ASSISTANT_LLM_TIMEOUT_SECONDS = 10
+    settings.ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = 0.01
     yield server
     server.stop()
 
@@ -48,4 +51,25 @@ def run_turn(transactional_db, inline_tasks, alice):
         turn.refresh_from_db()
         return turn
 
-    return run
+    yield run
+    assert_ended_turns_closed()
+
+
+@pytest.fixture
+def queued(monkeypatch, transactional_db):
+    """Tasks go to a list instead of running inline; `drain()` runs them in order, one at
+    a time, like a single worker would (`drain(1)`: only the next one)."""
+    tasks: list[tuple[str, tuple]] = []
+    monkeypatch.setattr("orchestration.tasks.async_task", lambda func, *args: tasks.append((func, args)))
+
+    def drain(limit: int = 100) -> list[str]:
+        ran = []
+        while tasks and len(ran) < limit:
+            func, args = tasks.pop(0)
+            ran.append(f"{func.rsplit('.', 1)[1]}{args}")
+            import_string(func)(*args)
+        assert not tasks or limit < 100, ran
+        return ran
+
+    drain.tasks = tasks
+    return drain

@@ -90,9 +90,9 @@ def test_a_cancelled_agent_notices_at_its_next_step(llm, run_turn, alice, monkey
     checks = []
     step_heartbeat = subagent._step_heartbeat
 
-    def recorded_check(dispatch, token):
+    def recorded_check(dispatch, token, **progress):
         try:
-            step_heartbeat(dispatch, token)
+            step_heartbeat(dispatch, token, **progress)
         except subagent.Cancelled:
             checks.append("cancelled")
             raise

@@ -23,6 +23,13 @@ from skills.domains.email.models import OutboxEmail
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def scripted_ids(llm):
+    """These tests look answers up by the tool-call ids they scripted; the engine's
+    handling of providers' fresh and reused ids is tested in test_engine.py."""
+    llm.ids = "scripted"
+
+
 def raw_use_skill(plan: Plan, agent_id: str, raw: str):
     """`plan`, except that `agent_id`'s first response is one use_skill call sent as `raw`."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.utils.module_loading import import_string
 
 from orchestration.models import AgentDispatch, AgentProfile, Event, TurnPause
 from orchestration.pauses import turn_continue
@@ -15,6 +14,13 @@ from tests.factories import conversation_for
 from orchestration.bench.llm_server import Reply, agent_of, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def scripted_ids(llm):
+    """These tests look answers up by the tool-call ids they scripted; the engine's
+    handling of providers' fresh and reused ids is tested in test_engine.py."""
+    llm.ids = "scripted"
 
 AGENT_EVENTS = ["agent.subagent_created", "agent.subagent_started", "agent.subagent_waiting_for_merge",
                 "agent.subagent_closed"]
@@ -255,25 +261,6 @@ def test_children_share_the_turns_skill_call_limit(llm, run_turn, lead_profile, 
 
 
 # --- waiting without holding a worker ----------------------------------------------------
-
-
-@pytest.fixture
-def queued(monkeypatch, transactional_db):
-    """Tasks go to a list instead of running inline; `drain()` runs them in order, one at
-    a time, like a single worker would."""
-    tasks: list[tuple[str, tuple]] = []
-    monkeypatch.setattr("orchestration.tasks.async_task", lambda func, *args: tasks.append((func, args)))
-
-    def drain(limit: int = 100) -> list[str]:
-        ran = []
-        while tasks:
-            func, args = tasks.pop(0)
-            ran.append(f"{func.rsplit('.', 1)[1]}{args}")
-            import_string(func)(*args)
-            assert len(ran) < limit, ran
-        return ran
-
-    return drain
 
 
 def test_parent_waits_in_created_and_its_last_child_wakes_it(llm, queued, alice, lead_profile):

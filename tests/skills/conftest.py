@@ -66,6 +66,13 @@ def workspace(settings, tmp_path):
     return settings.SKILLS_WORKSPACE_ROOT
 
 
+@pytest.fixture(autouse=True)
+def journal_root(settings, tmp_path):
+    """Each test's skills journal (skills/journal.py) in its own folder, to look into."""
+    settings.SKILLS_JOURNAL_ROOT = tmp_path / "journal"
+    return settings.SKILLS_JOURNAL_ROOT
+
+
 @pytest.fixture
 def register(monkeypatch):
     """`register(*skills)`: a test-only domain "testing" in the registry for one test."""

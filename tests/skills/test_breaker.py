@@ -123,8 +123,8 @@ def test_after_the_cool_down_exactly_one_trial_goes_through(runs, call):
     call("testing.fragile", {"fail": "crash"})
     call("testing.fragile", {"fail": "crash"})
     cool_down_passes()
-    assert breaker_admit(skill="testing.fragile") is None  # this caller holds the trial
-    assert breaker_admit(skill="testing.fragile") == 60  # everyone else keeps waiting
+    assert breaker_admit(skill="testing.fragile").retry_after is None  # this caller holds the trial
+    assert breaker_admit(skill="testing.fragile").retry_after == 60  # everyone else keeps waiting
 
 
 def test_a_successful_trial_closes_the_circuit(call, runs):
@@ -149,5 +149,5 @@ def test_a_failed_trial_opens_it_again(call, runs):
 def test_breakers_are_per_skill(db):
     breaker_record(skill="tasks.create", healthy=False)
     breaker_record(skill="tasks.create", healthy=False)
-    assert breaker_admit(skill="tasks.create") == 60
-    assert breaker_admit(skill="tasks.search") is None
+    assert breaker_admit(skill="tasks.create").retry_after == 60
+    assert breaker_admit(skill="tasks.search").retry_after is None

@@ -77,12 +77,61 @@ class TestCompletedCall:
 
     def test_a_running_row_left_behind_is_run_again(self, call, echo, dispatch, runs):
         stale = SkillExecution.objects.create(
-            dispatch=dispatch, tool_call_id="call_a", skill="testing.echo", status="running"
+            dispatch=dispatch, tool_call_id="call_a", skill="testing.echo", arguments={"text": "hi"},
+            status="running",
         )
         outcome = call("testing.echo", {"text": "hi"}, tool_call_id="call_a")
         assert outcome.ok and not outcome.replayed and runs == ["hi"]
         assert outcome.execution_id == stale.pk
         assert SkillExecution.objects.get().status == "completed"
+
+
+class TestReusedToolCallIds:
+    """Some providers number tool calls per response (`call_0` every time). A stored
+    execution answers only the same skill with the same arguments; any other call under
+    a used id is a new call, and its own replays find it again."""
+
+    def test_same_id_other_arguments_is_a_new_call(self, call, echo, runs):
+        first = call("testing.echo", {"text": "one"}, tool_call_id="call_0")
+        second = call("testing.echo", {"text": "two"}, tool_call_id="call_0")
+        assert (first.replayed, second.replayed) == (False, False)
+        assert runs == ["one", "two"] and Task.objects.count() == 2
+        assert second.data == {"echo": "two"}
+        again = call("testing.echo", {"text": "two"}, tool_call_id="call_0")
+        assert (again.replayed, again.execution_id, runs) == (True, second.execution_id, ["one", "two"])
+
+    def test_same_id_other_skill_is_a_new_call(self, call, echo, runs):
+        call("testing.echo", {"text": "one"}, tool_call_id="call_0")
+        other = call("tasks.create", {"title": "two"}, tool_call_id="call_0")
+        assert other.ok and not other.replayed
+        assert sorted(Task.objects.values_list("title", flat=True)) == ["one", "two"]
+        keys = sorted(SkillExecution.objects.values_list("tool_call_id", flat=True))
+        assert keys[0] == "call_0" and keys[1].startswith("call_0#")
+
+    def test_same_id_same_call_is_a_replay(self, call, echo, runs):
+        call("testing.echo", {"text": "one"}, tool_call_id="call_0")
+        assert call("testing.echo", {"text": "one"}, tool_call_id="call_0").replayed
+        assert runs == ["one"]
+
+    def test_a_dead_run_of_the_second_call_resumes_on_its_own_row(self, call, register, dispatch):
+        runs = []
+
+        class WorkerDied(BaseException):
+            pass
+
+        def handler(user, *, text):
+            runs.append(text)
+            if len(runs) == 2:
+                raise WorkerDied()
+            return {"text": text}
+
+        register(skill("testing.dies", handler, parameters=TEXT_PARAM))
+        call("testing.dies", {"text": "one"}, tool_call_id="call_0")
+        with pytest.raises(WorkerDied):
+            call("testing.dies", {"text": "two"}, tool_call_id="call_0")
+        outcome = call("testing.dies", {"text": "two"}, tool_call_id="call_0")
+        assert (outcome.ok, outcome.replayed, outcome.data) == (True, False, {"text": "two"})
+        assert runs == ["one", "two", "two"] and SkillExecution.objects.count() == 2
 
 
 class TestRefusals:
@@ -130,9 +179,12 @@ class TestRefusals:
 
     def test_a_refusal_replays_as_refused(self, call, echo, runs):
         first = call("testing.echo", {}, tool_call_id="call_a")
-        again = call("testing.echo", {"text": "now valid"}, tool_call_id="call_a")
+        again = call("testing.echo", {}, tool_call_id="call_a")
         assert again.replayed and runs == []
         assert (again.error_kind, again.problems) == ("invalid_arguments", first.problems)
+        # The corrected call under the same id is a new call, not the refusal replayed.
+        corrected = call("testing.echo", {"text": "now valid"}, tool_call_id="call_a")
+        assert corrected.ok and not corrected.replayed and runs == ["now valid"]
 
     @pytest.mark.parametrize("text", ["nul\x00", "surrogate\ud800"], ids=["NUL", "surrogate"])
     def test_text_no_database_can_hold_is_refused_and_recorded_escaped(self, call, text):
@@ -259,18 +311,18 @@ class TestBeforeRun:
     def test_runs_once_with_the_row_in_place(self, call, echo, dispatch):
         seen = []
 
-        def before_run():
-            seen.append(SkillExecution.objects.get(dispatch=dispatch).status)
+        def before_run(name, arguments):
+            seen.append((name, arguments, SkillExecution.objects.get(dispatch=dispatch).status))
 
         call("testing.echo", {"text": "hi"}, tool_call_id="call_a", before_run=before_run)
         call("testing.echo", {"text": "hi"}, tool_call_id="call_a", before_run=before_run)
-        assert seen == ["running"]
+        assert seen == [("testing.echo", {"text": "hi"}, "running")]
 
     def test_its_exception_propagates_and_leaves_no_row(self, call, echo, runs):
         class LimitReached(Exception):
             pass
 
-        def before_run():
+        def before_run(name, arguments):
             raise LimitReached("turn_max_skill_calls")
 
         with pytest.raises(LimitReached):
@@ -279,7 +331,7 @@ class TestBeforeRun:
 
     def test_not_called_for_refused_calls(self, call, echo):
         called = []
-        call("testing.echo", {}, before_run=lambda: called.append(1))
+        call("testing.echo", {}, before_run=lambda *_: called.append(1))
         assert called == []
 
     def test_not_called_again_when_a_dead_run_is_replayed(self, call, register, dispatch):
@@ -299,9 +351,9 @@ class TestBeforeRun:
 
         register(skill("testing.dies_once", handler))
         with pytest.raises(WorkerDied):
-            call("testing.dies_once", {}, tool_call_id="call_a", before_run=lambda: reserved.append("first"))
+            call("testing.dies_once", {}, tool_call_id="call_a", before_run=lambda *_: reserved.append("first"))
         assert SkillExecution.objects.get().status == "running" and reserved == ["first"]
-        outcome = call("testing.dies_once", {}, tool_call_id="call_a", before_run=lambda: reserved.append("again"))
+        outcome = call("testing.dies_once", {}, tool_call_id="call_a", before_run=lambda *_: reserved.append("again"))
         assert (outcome.ok, outcome.replayed, outcome.data) == (True, False, {"run": 2})
         assert reserved == ["first"] and SkillExecution.objects.get().status == "completed"
 
@@ -325,6 +377,65 @@ def test_a_call_made_inside_a_handler_is_its_child(call, register, dispatch, ali
     assert child.parent == parent and parent.parent is None
     # Outside any handler there is no implicit parent.
     assert SkillExecution.objects.get(pk=call("testing.leaf", {}).execution_id).parent is None
+
+
+class TestNestedCalls:
+    """A skill called from inside a handler inherits the running call's grant and its
+    before_run / after_run: the engine's budgets count it like any call."""
+
+    @pytest.fixture
+    def outer(self, register):
+        def handler(user):
+            inner = execute_skill(name="testing.leaf", arguments={}, user=user, tool_call_id="call_a/1")
+            return {"inner_ok": inner.ok, "inner_error": inner.error}
+
+        register(skill("testing.outer", handler), skill("testing.leaf", lambda user: {"leaf": True}))
+
+    def test_inherits_the_scope_and_the_hooks(self, call, outer, dispatch):
+        seen = []
+        outcome = call("testing.outer", {}, tool_call_id="call_a", granted=["testing.outer", "testing.leaf"],
+                       before_run=lambda name, arguments: seen.append(("before", name)),
+                       after_run=lambda name, outcome: seen.append(("after", name, outcome.ok)))
+        assert outcome.data == {"inner_ok": True, "inner_error": ""}
+        assert seen == [("before", "testing.outer"), ("before", "testing.leaf"), ("after", "testing.leaf", True),
+                        ("after", "testing.outer", True)]
+        child = SkillExecution.objects.get(tool_call_id="call_a/1")
+        assert child.dispatch == dispatch and child.parent.tool_call_id == "call_a"
+
+    def test_cannot_use_a_skill_outside_the_callers_grant(self, call, outer):
+        outcome = call("testing.outer", {}, tool_call_id="call_a", granted=["testing.outer"])
+        assert outcome.data["inner_ok"] is False and "not granted" in outcome.data["inner_error"]
+        child = SkillExecution.objects.get(tool_call_id="call_a/1")
+        assert (child.status, child.result["error_kind"]) == ("failed", "not_granted")
+
+    def test_a_refused_reservation_propagates_through_the_handler(self, call, register, runs):
+        class BudgetSpent(Exception):
+            pass
+
+        def swallowing(user):
+            try:
+                execute_skill(name="testing.echo", arguments={"text": "inner"}, user=user, tool_call_id="x/1")
+            except BudgetSpent:
+                pass  # a handler cannot hide a spent budget from the engine
+            return {"done": True}
+
+        def echo(user, *, text):
+            runs.append(text)
+            return {"echo": text}
+
+        register(skill("testing.swallowing", swallowing), skill("testing.echo", echo, parameters=TEXT_PARAM))
+
+        def before_run(name, arguments):
+            if name == "testing.echo":
+                raise BudgetSpent(name)
+
+        with pytest.raises(BudgetSpent):
+            call("testing.swallowing", {}, tool_call_id="x", before_run=before_run)
+        assert runs == []
+        # The outer call stays open with its reservation: it runs again once allowed.
+        assert list(SkillExecution.objects.values_list("tool_call_id", "status")) == [("x", "running")]
+        outcome = call("testing.swallowing", {}, tool_call_id="x", before_run=lambda *_: None)
+        assert outcome.ok and runs == ["inner"]
 
 
 def test_tool_content_is_bounded_and_still_json(call, register):

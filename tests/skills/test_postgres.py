@@ -7,14 +7,14 @@ import threading
 import time
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from orchestration.budget import reserve_skill_call
 from orchestration.models import Event, SkillExecution
 from skills.base import Skill
 from skills.executor import execute_skill
 from skills.models import Task
-from tests.factories import dispatch_for
+from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.postgres
 
@@ -124,7 +124,7 @@ def test_parallel_agents_skills_run_at_the_same_time(register, dispatch, alice):
             outcomes[role] = execute_skill(
                 name="testing.rendezvous", arguments={"role": role}, user=alice, tool_call_id="call_1",
                 scope={"dispatch": agent_dispatch},
-                before_run=lambda: reserve_skill_call(dispatch=agent_dispatch, skill="testing.rendezvous",
+                before_run=lambda *_: reserve_skill_call(dispatch=agent_dispatch, skill="testing.rendezvous",
                                                       arguments={"role": role}),
             )
         finally:
@@ -141,3 +141,40 @@ def test_parallel_agents_skills_run_at_the_same_time(register, dispatch, alice):
     dispatch.turn.refresh_from_db()
     assert dispatch.turn.skill_calls == 2
     assert Event.objects.filter(type="skill.started").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_last_skill_call_of_a_turn_goes_to_one_of_two_racing_agents(alice):
+    """The second agent's reservation waits on the first one's row lock; once that commits,
+    the turn's count must be read again, so the second is refused, not counted past the limit."""
+    from orchestration.limits import Limits, LimitTripped
+
+    limits = {**Limits.from_settings().to_json(), "turn_max_skill_calls": 1}
+    turn = turn_for(conversation_for(alice), limits=limits)
+    first, second = (dispatch_for(turn, agent_id, state="running", lease_token=f"token-{agent_id}")
+                     for agent_id in ("a1", "a2"))
+    first_reserved, second_done = threading.Event(), threading.Event()
+    outcome = []
+
+    def reserve_second():
+        try:
+            first_reserved.wait()
+            reserve_skill_call(dispatch=second, skill="tasks.search", arguments={}, token="token-a2")
+            outcome.append("taken")
+        except LimitTripped as tripped:
+            outcome.append(tripped.limit)
+        finally:
+            second_done.set()
+            connections.close_all()
+
+    racer = threading.Thread(target=reserve_second)
+    racer.start()
+    with transaction.atomic():
+        reserve_skill_call(dispatch=first, skill="tasks.search", arguments={}, token="token-a1")
+        first_reserved.set()
+        assert not second_done.wait(0.5)  # waiting on this transaction's row lock
+    racer.join(10)
+
+    assert outcome == ["turn_max_skill_calls"]
+    turn.refresh_from_db()
+    assert turn.skill_calls == 1

@@ -1,7 +1,12 @@
-"""The dashboard socket: auth, ownership, replay after the last id, order, live pushes."""
+"""The dashboard socket: auth, ownership, replay after the last id, order, live pushes.
+
+Every test disconnects its communicators: a consumer still waiting on the channel layer
+when the test's event loop closes is cancelled there, and channels_redis's receive once
+held that cancellation (and the whole run) for pytest-timeout's 300 s."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 
@@ -12,6 +17,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection, transaction
 from django.test import Client
 
+from assistant import live
 from assistant.routing import websocket_urlpatterns
 from orchestration.events import event_record
 from orchestration.models import Event
@@ -28,6 +34,36 @@ def communicator(conversation_id: int, user=None, last: int | None = None) -> We
     comm.scope["user"] = user
     comm.scope["url_route"] = {"kwargs": {"conversation_id": conversation_id}}
     return comm
+
+
+class LateCommit:
+    """An event inserted (taking its id) on another connection, committed only when the
+    `with` block ends: on PostgreSQL, events created inside the block get bigger ids yet
+    commit first. `late["event"]` is the late one."""
+
+    def __init__(self, conversation, turn):
+        self.conversation, self.turn = conversation, turn
+        self.inserted, self.release, self.late = threading.Event(), threading.Event(), {}
+        self.writer = threading.Thread(target=self._write)
+
+    def _write(self):
+        try:
+            with transaction.atomic():
+                self.late["event"] = Event.objects.create(
+                    conversation=self.conversation, turn=self.turn, type="orchestrator.llm_call", summary="late")
+                self.inserted.set()
+                self.release.wait(10)
+        finally:
+            connection.close()
+
+    def __enter__(self) -> dict:
+        self.writer.start()
+        assert self.inserted.wait(10)
+        return self.late
+
+    def __exit__(self, *exc_info):
+        self.release.set()
+        self.writer.join()
 
 
 @pytest.fixture
@@ -50,6 +86,7 @@ async def test_anonymous_socket_is_closed_4403(trail):
     connected, _ = await comm.connect()
     assert connected
     assert await comm.receive_output() == {"type": "websocket.close", "code": 4403}
+    await comm.disconnect()
 
 
 async def test_other_users_socket_is_closed_4403(trail, bob):
@@ -57,6 +94,7 @@ async def test_other_users_socket_is_closed_4403(trail, bob):
     comm = communicator(conversation.pk, bob)
     await comm.connect()
     assert (await comm.receive_output())["code"] == 4403
+    await comm.disconnect()
 
 
 @pytest.mark.parametrize("conversation_id", [10**6, 2**63], ids=["missing", "beyond-bigint"])
@@ -65,6 +103,7 @@ async def test_a_conversation_that_does_not_exist_is_closed_4403(trail, alice, c
     comm = communicator(conversation_id, alice)
     await comm.connect()
     assert await comm.receive_output() == {"type": "websocket.close", "code": 4403}
+    await comm.disconnect()
 
 
 async def test_staff_cannot_follow_someone_elses_conversation_live(trail, staff):
@@ -73,6 +112,7 @@ async def test_staff_cannot_follow_someone_elses_conversation_live(trail, staff)
     comm = communicator(conversation.pk, staff)
     await comm.connect()
     assert (await comm.receive_output())["code"] == 4403
+    await comm.disconnect()
 
 
 def session_cookie(user) -> bytes:
@@ -97,8 +137,10 @@ async def test_the_real_stack_closes_an_outsiders_session_4403(trail, bob, alice
     conversation, _, events = trail
     comm, (connected, _) = await through_the_site(conversation.pk, user=bob)
     assert connected and await comm.receive_output() == {"type": "websocket.close", "code": 4403}
+    await comm.disconnect()
     comm, (connected, _) = await through_the_site(conversation.pk)
     assert connected and await comm.receive_output() == {"type": "websocket.close", "code": 4403}
+    await comm.disconnect()
     # the control: alice's own session cookie gets her events
     comm, (connected, _) = await through_the_site(conversation.pk, user=alice)
     assert connected and f'id="event-{events[0].pk}"' in await comm.receive_from()
@@ -126,13 +168,30 @@ async def test_owner_gets_every_event_in_order(trail, alice):
     await comm.disconnect()
 
 
-async def test_replay_starts_after_the_last_id(trail, alice):
-    conversation, _, events = trail
-    comm = communicator(conversation.pk, alice, last=events[1].pk)
+async def test_replay_steps_back_from_the_last_id_to_what_had_settled_then(alice, monkeypatch):
+    """The page sends the largest event id it holds (static/js/live.js), on every connect.
+    An event created less than SETTLE_SECONDS before that one may have committed after the
+    page read it (PostgreSQL: the last test here), so it comes again, even when the
+    page was away long enough for both to settle; what had settled by then does not."""
+    monkeypatch.setattr(live, "SETTLE_SECONDS", 1.0)
+    conversation = await database_sync_to_async(conversation_for)(alice)
+    turn = await database_sync_to_async(turn_for)(conversation)
+
+    def record(summary: str) -> Event:
+        return Event.objects.create(conversation=conversation, turn=turn,
+                                    type="orchestrator.llm_call", summary=summary)
+
+    old = await database_sync_to_async(record)("old")
+    await asyncio.sleep(1.2)
+    close, held = [await database_sync_to_async(record)(summary) for summary in ("close", "held")]
+    after = await database_sync_to_async(record)("after")
+    await asyncio.sleep(1.2)  # the page was away: everything has settled by now
+
+    comm = communicator(conversation.pk, alice, last=held.pk)
     await comm.connect()
     html = await comm.receive_from()
-    assert f'id="event-{events[2].pk}"' in html
-    assert f'id="event-{events[0].pk}"' not in html and f'id="event-{events[1].pk}"' not in html
+    assert [int(i) for i in re.findall(r'id="event-(\d+)"', html)] == [close.pk, held.pk, after.pk]
+    assert f'id="event-{old.pk}"' not in html
     await comm.disconnect()
 
 
@@ -140,6 +199,7 @@ async def test_live_event_is_pushed_once(trail, alice):
     conversation, turn, events = trail
     comm = communicator(conversation.pk, alice, last=events[-1].pk)
     await comm.connect()
+    await comm.receive_from()  # the events just before `last` again: they have not settled
     assert await comm.receive_nothing(timeout=0.5)
     new = await database_sync_to_async(
         lambda: event_record(type="turn.completed", turn=turn, summary="Turn 1 answered")
@@ -167,21 +227,7 @@ async def test_an_event_committed_after_the_page_rendered_a_bigger_id_still_arri
     rendered `early`. The page's socket replays from a settled id, so `late` reaches it."""
     conversation = await database_sync_to_async(conversation_for)(alice)
     turn = await database_sync_to_async(turn_for)(conversation)
-    inserted, release, late = threading.Event(), threading.Event(), {}
-
-    def slow_writer():
-        try:
-            with transaction.atomic():
-                late["event"] = Event.objects.create(conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="late")
-                inserted.set()
-                release.wait(10)
-        finally:
-            connection.close()
-
-    writer = threading.Thread(target=slow_writer)
-    writer.start()
-    try:
-        assert inserted.wait(10)
+    with LateCommit(conversation, turn) as late:
         early = await database_sync_to_async(Event.objects.create)(
             conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="early")
 
@@ -191,13 +237,36 @@ async def test_an_event_committed_after_the_page_rendered_a_bigger_id_still_arri
             return client.get(conversation.get_absolute_url()).content.decode()
 
         page = await database_sync_to_async(render_page)()
-    finally:
-        release.set()
-        writer.join()
     assert late["event"].pk < early.pk
     assert f'id="event-{early.pk}"' in page and f'id="event-{late["event"].pk}"' not in page
 
     comm = communicator(conversation.pk, alice, last=int(re.search(r"\?last=(\d+)", page).group(1)))
+    await comm.connect()
+    html = await comm.receive_from()
+    assert f'id="event-{late["event"].pk}"' in html
+    await comm.disconnect()
+
+
+@pytest.mark.postgres
+async def test_an_event_committed_while_the_page_was_away_arrives_on_reconnect(alice, monkeypatch):
+    """`late` takes the smaller id but commits after the socket sent `early`, while the page
+    is away. When it reconnects, with its largest id `early`, both have settled, yet `late`
+    must still arrive: the socket steps back to what had settled when `early` was created."""
+    monkeypatch.setattr(live, "SETTLE_SECONDS", 0.5)
+    conversation = await database_sync_to_async(conversation_for)(alice)
+    turn = await database_sync_to_async(turn_for)(conversation)
+    with LateCommit(conversation, turn) as late:
+        early = await database_sync_to_async(Event.objects.create)(
+            conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="early")
+        comm = communicator(conversation.pk, alice, last=0)
+        await comm.connect()
+        html = await comm.receive_from()
+        await comm.disconnect()
+    assert late["event"].pk < early.pk
+    assert f'id="event-{early.pk}"' in html and f'id="event-{late["event"].pk}"' not in html
+    await asyncio.sleep(1.0)  # longer than SETTLE_SECONDS: both have settled
+
+    comm = communicator(conversation.pk, alice, last=early.pk)
     await comm.connect()
     html = await comm.receive_from()
     assert f'id="event-{late["event"].pk}"' in html

@@ -2,26 +2,46 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 from email.utils import make_msgid, parseaddr
 
 from django.conf import settings
 from django.core.mail import EmailMessage
 from django.db.models import Q
+from django.utils.crypto import salted_hmac
 
+from skills import journal
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.common import iso
 from skills.domains.email.models import BODY_MAX, SUBJECT_MAX, OutboxEmail
+
+logger = logging.getLogger(__name__)
 
 MAX_RECIPIENTS = 20
 PREVIEW_CHARS = 200
 
 
 def email_send(user, *, to: list[str], subject: str, body: str) -> dict:
-    message_id = make_msgid(domain=_sender_domain())
-    # The outbox row is written before sending so that a failed send rolls both back.
-    # A send that succeeds in a transaction that then fails cannot be taken back: mail
-    # is the one side effect a database cannot undo.
+    """Send the mail and record it in the outbox, once per call even if the call is replayed.
+
+    The outbox row is written before sending so that a failed send rolls both back. A
+    send cannot be taken back, so once it returns the call journals that it sent
+    (skills/journal.py): a replay after the worker died before the call committed finds
+    that entry and records the outbox row again instead of sending again. A worker that
+    dies during the send itself, before the entry, leaves no trace of it: the replay sends
+    again. That mail carries the same Message-ID, by which receiving systems can tell it
+    is the same message."""
+    key = journal.call_key()
+    sent = journal.recall(key) if key else None
+    if sent is not None:
+        email = OutboxEmail.objects.create(
+            owner=user, to=to, subject=subject, body=body,
+            message_id=sent["message_id"], sent_at=dt.datetime.fromisoformat(sent["sent_at"]),
+        )
+        return {"email": _data(email), "sent": True}
+    message_id = _message_id(key)
     email = OutboxEmail.objects.create(
         owner=user, to=to, subject=subject, body=body, message_id=message_id
     )
@@ -37,6 +57,8 @@ def email_send(user, *, to: list[str], subject: str, body: str) -> dict:
         message.send()
     except OSError as exc:  # smtplib's errors are OSErrors too
         raise SkillError(f"the mail server failed: {exc}", permanent=False) from exc
+    if key:
+        _journal_sent(key, email)
     return {"email": _data(email), "sent": True}
 
 
@@ -47,6 +69,25 @@ def email_search_sent(user, *, text: str = "", recipient: str = "", limit: int =
     if recipient:
         emails = emails.filter(to__icontains=recipient)
     return {"emails": [_data(email) for email in emails[:limit]], "total": emails.count()}
+
+
+def _journal_sent(key: str, email: OutboxEmail) -> None:
+    """Journal that call `key` sent `email`. A journal that cannot be written must not
+    turn a sent mail into a failed call, which the agent might well try again: it costs
+    only the protection against a crash before the call commits."""
+    try:
+        journal.record(key, {"message_id": email.message_id, "sent_at": email.sent_at.isoformat()})
+    except OSError:
+        logger.exception("Could not journal the sending of %s", email.message_id)
+
+
+def _message_id(key: str | None) -> str:
+    """A unique Message-ID, the same on every run of call `key` (a resend after a crash
+    mid-send is then recognisably the same message), and revealing nothing of the key."""
+    if key is None:
+        return make_msgid(domain=_sender_domain())
+    token = salted_hmac("skills.email.message_id", key, algorithm="sha256").hexdigest()[:40]
+    return f"<{token}@{_sender_domain()}>"
 
 
 def _sender_domain() -> str:

@@ -1,10 +1,26 @@
-"""files.*: list, read, write and append text files in the user's own workspace."""
+"""files.*: list, read, write and append text files in the user's own workspace.
+
+Writing a file is an effect outside the database: a call replayed after its worker died
+between replacing the file and committing could append twice. So each write journals
+its intent first (skills/journal.py): the file's digest before and after, and the result.
+"""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
+from skills import journal
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
-from skills.domains.files.workspace import read_bytes, relative, resolve, write_atomic
+from skills.domains.files.workspace import (
+    check_size,
+    digest,
+    read_bytes,
+    relative,
+    resolve,
+    write_atomic,
+)
 
 MAX_ENTRIES = 200
 READ_CHARS_DEFAULT = 10_000
@@ -44,18 +60,64 @@ def files_read(user, *, path: str, offset: int = 0, max_chars: int = READ_CHARS_
 
 def files_write(user, *, path: str, content: str) -> dict:
     root, target = resolve(user, path)
-    existed = target.exists()
-    data = content.encode()
-    write_atomic(target, data, shown=path)
-    return {"path": relative(root, target), "size_bytes": len(data), "created": not existed}
+    key = journal.call_key()
+    earlier = _earlier_run(key, target, shown=path)
+    if earlier is not None:
+        return earlier
+    before = digest(target, shown=path) if key else None
+    return _replace(key, root, target, content.encode(), before=before, shown=path)
 
 
 def files_append(user, *, path: str, content: str) -> dict:
     root, target = resolve(user, path)
-    existed = target.exists()
-    data = (read_bytes(target, shown=path) if existed else b"") + content.encode()
-    write_atomic(target, data, shown=path)
-    return {"path": relative(root, target), "size_bytes": len(data), "created": not existed}
+    key = journal.call_key()
+    earlier = _earlier_run(key, target, shown=path)
+    if earlier is not None:
+        return earlier
+    old = read_bytes(target, shown=path) if target.exists() else None
+    data = (old or b"") + content.encode()
+    return _replace(key, root, target, data, before=_sha256(old), shown=path)
+
+
+def _earlier_run(key: str | None, target: Path, *, shown: str) -> dict | None:
+    """The result an earlier run of this call journaled, if that run replaced the file or
+    may have; None if the file is to be written now.
+
+    What the file holds tells how far that run got. What it was to write: the write
+    happened, so answer as it would have. What it found: the write did not happen, so
+    write now. Anything else: someone changed the file since, and the write may have
+    happened; it must not happen twice, so answer as that run would have, unwritten."""
+    entry = journal.recall(key) if key else None
+    if entry is None:
+        return None
+    current = digest(target, shown=shown)
+    if current == entry["before"] and current != entry["after"]:
+        return None
+    return entry["result"]
+
+
+def _replace(key: str | None, root: Path, target: Path, data: bytes, *, before: str | None,
+             shown: str) -> dict:
+    """Replace the file with `data`. Within a call (`key`), journal first what the file
+    holds now (`before`, a digest or None for no file) and will hold, with the result."""
+    result = {"path": relative(root, target), "size_bytes": len(data),
+              "created": not target.exists()}
+    if key is None:
+        write_atomic(target, data, shown=shown)
+        return result
+    check_size(len(data), shown=shown)
+    intent = {"path": result["path"], "before": before, "after": _sha256(data), "result": result}
+    journal.record(key, intent)
+    try:
+        write_atomic(target, data, shown=shown)
+    except SkillError:
+        journal.forget(key)  # not written; the failed call's row answers its replays
+        raise
+    return result
+
+
+def _sha256(data: bytes | None) -> str | None:
+    return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
 def _entry(entry) -> dict:

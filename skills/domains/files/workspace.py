@@ -7,6 +7,7 @@ with every symlink followed, and the *real* path must still lie inside the works
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
@@ -78,6 +79,24 @@ def check_size(size: int, *, shown: str) -> None:
     limit = settings.SKILLS_MAX_FILE_BYTES
     if size > limit:
         raise SkillError(f"{shown!r} would be {size} bytes; the limit is {limit} bytes")
+
+
+def digest(target: Path, *, shown: str) -> str | None:
+    """The SHA-256 of the file's content (of any size), None if there is no file.
+
+    Taken before replacing the file, so a failure says what the caller was doing."""
+    try:
+        with open(target, "rb", opener=_no_follow) as file:
+            return hashlib.file_digest(file, "sha256").hexdigest()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SkillError(f"cannot write {shown!r}: {exc.strerror}") from None
+
+
+def _no_follow(path, flags: int) -> int:
+    """The path was resolved just before; O_NOFOLLOW refuses a link swapped in since."""
+    return os.open(path, flags | os.O_NOFOLLOW)
 
 
 def write_atomic(target: Path, data: bytes, *, shown: str) -> None:
