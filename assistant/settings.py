@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "assistant",
     "orchestration",
     "skills",
+    "benchmarks",
 ]
 
 MIDDLEWARE = [
@@ -246,5 +247,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django-q": {"level": env_str("Q_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "django-q": {"level": env_str("Q_LOG_LEVEL", "WARNING")},
+        # httpx logs every model request at INFO: a line per call is noise and CPU.
+        "httpx": {"level": env_str("HTTPX_LOG_LEVEL", "WARNING")},
+    },
 }

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.conf import settings
 
-from orchestration.bench.processes import ManagedProcess
+from benchmarks.processes import ManagedProcess
 from tests.conftest import PASSWORD
 from tests.live.conftest import (  # noqa: F401 - llm and qcluster are fixtures used here
     STARTUP_SECONDS,

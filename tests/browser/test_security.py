@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 from orchestration.events import event_record
 from tests.browser.conftest import assert_timeline_complete, wait_turn
 from tests.factories import conversation_for, turn_for
-from orchestration.bench.llm_server import Agent, Plan
+from benchmarks.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

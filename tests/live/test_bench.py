@@ -24,9 +24,17 @@ def test_bench_measures_a_workload(tmp_path, capsys):
     assert (result["workload"], result["turns_completed"], result["turns"]) == ("diamond", 1, 1)
     assert result["llm_requests"] == result["expected_llm_requests"] == 16
     assert result["sockets_equal_to_database"] == 1 and result["event_latency_ms"]["n"] > 0
-    assert result["ratio"] == pytest.approx(result["makespan_s"] / result["ideal_s"], abs=0.01)
+    assert result["ratio"] == pytest.approx(result["makespan_s"] / result["bound_s"], abs=0.01)
     assert {"web", "workers", "postgres", "redis"} <= result["cpu_s"].keys()
+    assert result["peak_in_flight"] >= 2  # a and b at once
+    assert result["pss_mb"]["workers"] > 0 and result["pss_mb"]["web"] > 0
+    handoffs = result["handoff_ms"]
+    # Each turn's requests were told apart: a and b dispatched; c after both, d after c;
+    # 2 steps each between the 3 calls of 4 agents; one start and one wake-up.
+    assert {name: figures["n"] for name, figures in handoffs.items()} == {
+        "start → first request": 1, "dispatch → agents": 2, "dependency → dependent": 2,
+        "agent step": 8, "agents → orchestrator": 1}
     per_step = report["queries_per_agent_step"]
     assert list(per_step) == ["2", "4", "8"] and len(set(per_step.values())) == 1, per_step
     table = capsys.readouterr().out
-    assert "diamond" in table and "event p95" in table
+    assert "diamond" in table and "dependency → dependent" in table

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from orchestration.bench.llm_server import Agent, Plan, calls, text, with_burst
+from benchmarks.llm_server import Agent, Plan, calls, text, with_burst
 from orchestration.models import AgentDispatch, LLMCall, SkillExecution
 from orchestration.reaper import reap_expired
 from orchestration.turns import turn_start

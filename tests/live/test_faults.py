@@ -28,7 +28,7 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
-from orchestration.bench.llm_server import Agent, Plan, Reply, http_error
+from benchmarks.llm_server import Agent, Plan, Reply, http_error
 from orchestration.models import AgentDispatch, DispatchState, Event, Message, SkillExecution, Turn
 from orchestration.reaper import reap_expired
 from orchestration.turns import turn_start

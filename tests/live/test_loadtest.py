@@ -1,4 +1,4 @@
-"""The load driver (orchestration/bench/load.py, `make load`) kept working: a few users for
+"""The load driver (benchmarks/load.py, `make load`) kept working: a few users for
 a few seconds against daphne and a qcluster on the test database — on SQLite with the
 in-memory channel layer, and on PostgreSQL + Redis when CI sets them.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from django_q.models import Schedule
 
-from orchestration.bench.load import LoadConfig, run_load, table
+from benchmarks.load import LoadConfig, run_load, table
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from orchestration.bench.llm_server import Agent, Plan, agent_of
+from benchmarks.llm_server import Agent, Plan, agent_of
 from orchestration.models import AgentDispatch, Event, SkillExecution, Turn, TurnPause
 from orchestration.reaper import reap_expired
 from orchestration.turns import turn_start

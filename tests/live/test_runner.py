@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from orchestration.bench.llm_server import Agent, Plan, Reply
+from benchmarks.llm_server import Agent, Plan, Reply
 from orchestration.models import AgentDispatch, LLMCall, SkillExecution
 from orchestration.turns import turn_start
 from tests.factories import conversation_for

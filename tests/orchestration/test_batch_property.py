@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestration.bench.llm_server import Reply, agent_of, calls, http_error, text
+from benchmarks.llm_server import Reply, agent_of, calls, http_error, text
 from orchestration.models import AgentDispatch
 
 pytestmark = pytest.mark.django_db(transaction=True)

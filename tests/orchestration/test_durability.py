@@ -18,7 +18,7 @@ from django.core import mail
 from django.urls import reverse
 from django.utils import timezone
 
-from orchestration.bench.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text, with_burst
+from benchmarks.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text, with_burst
 from orchestration.models import AgentDispatch, Event, LLMCall, SkillExecution, TurnPause
 from orchestration.pauses import turn_continue
 from orchestration.turns import turn_start, turn_stop

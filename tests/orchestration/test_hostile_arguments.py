@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.core import mail
 
-from orchestration.bench.llm_server import Agent, Plan, Reply
+from benchmarks.llm_server import Agent, Plan, Reply
 from orchestration.models import AgentDispatch, SkillExecution
 from skills.domains.email.models import OutboxEmail
 

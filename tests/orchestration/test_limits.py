@@ -12,7 +12,7 @@ from orchestration.pauses import AlreadyAnswered, turn_continue
 from orchestration.turns import TurnRefused, turn_start, turn_stop
 from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
-from orchestration.bench.llm_server import Agent, Plan, calls, text
+from benchmarks.llm_server import Agent, Plan, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

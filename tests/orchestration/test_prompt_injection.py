@@ -19,7 +19,7 @@ import json
 import pytest
 from django.core import mail
 
-from orchestration.bench.llm_server import Agent, Plan, Reply
+from benchmarks.llm_server import Agent, Plan, Reply
 from orchestration.models import AgentDispatch, Event, SkillExecution
 from skills.domains.email.models import OutboxEmail
 from skills.domains.memory.models import Memory

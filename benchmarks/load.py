@@ -49,8 +49,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from orchestration.bench.llm_server import Agent, Plan, ScriptedLLM
-from orchestration.bench.processes import (
+from benchmarks.llm_server import Agent, Plan, ScriptedLLM
+from benchmarks.processes import (
     STARTUP_SECONDS,
     Cluster,
     ManagedProcess,

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.sessions.backends.db import SessionStore
 
-from orchestration.bench.load import EVENT_ROW
+from benchmarks.load import EVENT_ROW
 
 OPEN_TIMEOUT = 30.0
 

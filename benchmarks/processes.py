@@ -75,6 +75,18 @@ def process_stats(pid: int) -> ProcessStats | None:
     return ProcessStats(pid=pid, name=name, cpu_seconds=cpu, peak_rss_mb=int(hwm) / 1024)
 
 
+def pss_mb(pid: int) -> float:
+    """The process's proportional set size: its private memory plus its share of what it
+    shares (forked workers share their parent's pages), so a sum over processes is the
+    memory they take together, which summed RSS overstates."""
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0.0
+    kb = next((line.split()[1] for line in rollup.splitlines() if line.startswith("Pss:")), "0")
+    return int(kb) / 1024
+
+
 def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):

@@ -84,6 +84,9 @@ class ScriptedLLM:
         self.ids = ids
         self.requests: list[dict] = []
         self.errors: list[str] = []
+        # (index in `requests`, arrived, answered) in epoch seconds: the hand-offs the
+        # benchmark reports are read from this, the model's side of the wire.
+        self.timeline: list[tuple[int, float, float]] = []
         self.in_flight = 0  # requests being answered now (the latency included)
         self.peak_in_flight = 0
         self._lock = threading.Lock()
@@ -118,7 +121,9 @@ class ScriptedLLM:
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 request = json.loads(self.rfile.read(length) or b"{}")
+                arrived = time.time()
                 with scripted._lock:
+                    index = len(scripted.requests)
                     scripted.requests.append(request)
                 try:
                     if scripted.respond is None:
@@ -145,6 +150,8 @@ class ScriptedLLM:
                 for key, value in reply.headers.items():
                     self.send_header(key, value)
                 self.end_headers()
+                with scripted._lock:
+                    scripted.timeline.append((index, arrived, time.time()))
                 self.wfile.write(data)
 
         return Handler
@@ -194,8 +201,11 @@ class Agent:
     extra: dict = field(default_factory=dict)  # more dispatch_agent arguments
     per_call: int = 1  # skill calls per LLM response
 
-    def dispatch_arguments(self) -> dict:
-        args = {"agent_id": self.agent_id, "mission": f"mission:{self.agent_id}", "skills": self.skills, **self.extra}
+    def dispatch_arguments(self, asked: str = "") -> dict:
+        """`asked`: the user's message, carried in the mission so that each request
+        names its turn (the benchmark's hand-offs are per turn)."""
+        mission = f"mission:{self.agent_id}" + (f" asked:{asked}" if asked else "")
+        args = {"agent_id": self.agent_id, "mission": mission, "skills": self.skills, **self.extra}
         if self.depends_on:
             args["depends_on"] = self.depends_on
         return args
@@ -207,10 +217,12 @@ class Plan:
     Agents: their scripted calls, `per_call` per response, then the report.
     """
 
-    def __init__(self, agents: list[Agent], answer: str = "All done.", discover: bool = True):
+    def __init__(self, agents: list[Agent], answer: str = "All done.", discover: bool = True,
+                 tag_missions: bool = False):
         self.agents = {agent.agent_id: agent for agent in agents}
         self.answer = answer
         self.discover = discover
+        self.tag_missions = tag_missions
 
     def __call__(self, request: dict) -> Reply:
         tool_names = {tool["function"]["name"] for tool in request.get("tools", [])}
@@ -227,7 +239,9 @@ class Plan:
             if step == "get_skill":
                 return calls(("get_skill", {}), prefix="orch_skill")
             if step == "dispatch_agent":
-                return calls(*[("dispatch_agent", a.dispatch_arguments()) for a in self.agents.values()], prefix="orch_dispatch")
+                asked = user_text(request) if self.tag_missions else ""
+                return calls(*[("dispatch_agent", a.dispatch_arguments(asked)) for a in self.agents.values()],
+                             prefix="orch_dispatch")
             return calls(("get_agent_results", {}), prefix="orch_results")
         return text(self.answer)
 
@@ -241,6 +255,20 @@ class Plan:
                 for i, (s, a) in enumerate(batch)
             ])
         return text(agent.report or f"{agent.agent_id} done")
+
+
+def user_text(request: dict) -> str:
+    """The first user message: the person's, in an orchestrator request."""
+    return next((m.get("content") or "" for m in request["messages"] if m["role"] == "user"), "")
+
+
+def asked_of(request: dict) -> str:
+    """The user's message an agent request's mission carries (Plan(tag_missions=True))."""
+    for message in request["messages"]:
+        content = message.get("content") or ""
+        if message["role"] == "user" and " asked:" in content:
+            return content.split(" asked:", 1)[1].splitlines()[0].strip()
+    return ""
 
 
 def agent_of(request: dict) -> str:

@@ -6,6 +6,7 @@ Run it on a scratch database (it creates users, conversations and turns):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -16,20 +17,25 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from orchestration.bench.llm_server import ScriptedLLM
-from orchestration.bench.load import Daphne
-from orchestration.bench.processes import Cluster, production_env
-from orchestration.bench.runner import median_run, now_label, queries_per_agent_step, run_workload
-from orchestration.bench.workloads import WORKLOADS
+from benchmarks.handoffs import HANDOFFS
+from benchmarks.llm_server import ScriptedLLM
+from benchmarks.load import Daphne
+from benchmarks.processes import Cluster, production_env
+from benchmarks.runner import median_run, now_label, queries_per_agent_step, run_workload
+from benchmarks.workloads import WORKLOADS
 
 
 class Command(BaseCommand):
-    help = "Measure makespan against the ideal, LLM requests, CPU, memory and SQL per step."
+    help = ("Measure makespan against the bound, agents in flight, hand-offs, LLM requests, CPU, memory "
+            "and SQL per step.")
 
     def add_arguments(self, parser):
         parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-        parser.add_argument("--latency", nargs="+", type=int, default=[100, 300], help="LLM latency, ms.")
+        parser.add_argument("--latency", nargs="+", type=int, default=[100, 300, 2000], help="LLM latency, ms.")
         parser.add_argument("--workers", type=int, default=settings.Q_WORKERS)
+        parser.add_argument("--second-cluster", action=argparse.BooleanOptionalAction, default=True,
+                            help="Run the load workload again with a second qcluster (standing in for a "
+                                 "second machine).")
         parser.add_argument("--repeat", type=int, default=3,
                             help="Runs of each one-turn workload; the run with the median ratio is reported.")
         parser.add_argument("--output", default="bench-results/results.json")
@@ -37,9 +43,9 @@ class Command(BaseCommand):
         parser.add_argument("--plot", nargs="*", metavar="RESULTS_JSON",
                             help="Only draw docs/bench.png from these result files (no run).")
 
-    def handle(self, *args, workloads, latency, workers, repeat, output, force, plot, **options):
+    def handle(self, *args, workloads, latency, workers, second_cluster, repeat, output, force, plot, **options):
         if plot is not None:
-            from orchestration.bench.plot import plot as draw
+            from benchmarks.plot import plot as draw
 
             path = draw([Path(p) for p in plot or [output]], Path("docs/bench.png"))
             self.stdout.write(self.style.SUCCESS(f"Wrote {path}"))
@@ -55,32 +61,45 @@ class Command(BaseCommand):
                "ASSISTANT_LLM_MAX_RETRIES": "0", "Q_LOG_LEVEL": "INFO", **production_env()}
         logs = Path(tempfile.mkdtemp(prefix="bench-"))
         web = Daphne.start(env=env, log_path=logs / "daphne.log")
-        cluster = Cluster.start(env=env, log_path=logs / "qcluster.log", workers=workers)
+        clusters = [Cluster.start(env=env, log_path=logs / "qcluster.log", workers=workers)]
         results = []
         try:
             web.wait_ready()
-            cluster.wait_ready()
-            warm = cluster.wait_warm(workers)  # workers warm up after spawning (orchestration/warmup.py)
+            clusters[0].wait_ready()
+            warm = clusters[0].wait_warm(workers)  # workers warm up after spawning (orchestration/warmup.py)
             self.stdout.write(f"{setup}: daphne and a qcluster of {workers} workers (warm after {warm:.1f}s); "
                               f"logs in {logs}")
 
             def run(workload: str, latency_ms: int):
                 return run_workload(workload=WORKLOADS[workload], latency_ms=latency_ms, server=server,
-                                    cluster=cluster, web=web, setup=setup, workers=workers)
+                                    clusters=clusters, web=web, setup=setup, workers=workers)
+
+            def measure(workload: str, latency_ms: int, runs: int) -> None:
+                label = f"{workload} on {len(clusters)} qclusters" if len(clusters) > 1 else workload
+                self.stdout.write(f"  running {label} at {latency_ms} ms ({runs}×) …", ending="")
+                self.stdout.flush()
+                result = median_run([run(workload, latency_ms) for _ in range(runs)])
+                results.append(result.as_dict())
+                self.stdout.write(f" {result.makespan_s:.2f}s (bound {result.bound_s:.2f}s, ×{result.ratio:.2f}), "
+                                  f"{result.peak_in_flight} in flight, {result.cpu_ms_per_llm_call:.1f} ms CPU/call")
 
             self.stdout.write("  a warm-up turn (not reported): every worker's first task pays one-off costs")
             run("wide", latency[0])
             for latency_ms in latency:
                 for workload in workloads:
-                    runs = 1 if WORKLOADS[workload].conversations > 1 else repeat
-                    self.stdout.write(f"  running {workload} at {latency_ms} ms ({runs}×) …", ending="")
-                    self.stdout.flush()
-                    result = median_run([run(workload, latency_ms) for _ in range(runs)])
-                    results.append(result.as_dict())
-                    self.stdout.write(f" {result.makespan_s:.2f}s (ideal {result.ideal_s:.2f}s, ×{result.ratio:.2f}), "
-                                      f"events p95 {result.event_latency_ms.get('p95', 0):.0f} ms")
+                    measure(workload, latency_ms, 1 if WORKLOADS[workload].conversations > 1 else repeat)
+            loads = [w for w in workloads if WORKLOADS[w].conversations > 1]
+            if second_cluster and loads:
+                clusters.append(Cluster.start(env=env, log_path=logs / "qcluster-2.log", workers=workers))
+                clusters[1].wait_ready()
+                clusters[1].wait_warm(workers)
+                run("wide", latency[0])  # the second cluster's warm-up
+                for latency_ms in latency:
+                    for workload in loads:
+                        measure(workload, latency_ms, 1)
         finally:
-            cluster.stop()
+            for cluster in clusters:
+                cluster.stop()
             web.stop()
         queries = _queries_per_step(server)
         server.stop()
@@ -107,17 +126,26 @@ def _queries_per_step(server: ScriptedLLM) -> dict[int, float]:
 
 
 def _table(results: list[dict]) -> str:
-    head = (f"{'workload':<9} {'L ms':>5} {'makespan s':>10} {'ideal s':>8} {'ratio':>6} {'LLM req':>9} "
-            f"{'CPU s/call':>10} {'event p50':>9} {'event p95':>9} {'sockets ok':>10} {'turns ok':>8}")
+    """Two tables: the run (time, load, CPU, memory), then its hand-offs (p50/p95 ms)."""
+    head = (f"{'workload':<9} {'qc':>2} {'L ms':>5} {'makespan s':>10} {'bound s':>8} {'ratio':>6} {'in flight':>9} "
+            f"{'LLM req':>9} {'CPU ms/call':>11} {'PG ms/call':>10} {'PSS MB':>7} {'event p95':>9} "
+            f"{'sockets ok':>10} {'turns ok':>8}")
     rows = [head, "-" * len(head)]
     for r in results:
         requests = f"{r['llm_requests']}/{r['expected_llm_requests']}"
-        events = r["event_latency_ms"]
         sockets = f"{r['sockets_equal_to_database']}/{r['turns']}"
-        rows.append(f"{r['workload']:<9} {r['latency_ms']:>5} {r['makespan_s']:>10.2f} {r['ideal_s']:>8.2f} "
-                    f"{r['ratio']:>6.2f} {requests:>9} {r['cpu_s_per_llm_call']:>10.4f} "
-                    f"{events.get('p50', 0):>7.0f}ms {events.get('p95', 0):>7.0f}ms {sockets:>10} "
+        rows.append(f"{r['workload']:<9} {r['clusters']:>2} {r['latency_ms']:>5} {r['makespan_s']:>10.2f} "
+                    f"{r['bound_s']:>8.2f} {r['ratio']:>6.2f} {r['peak_in_flight']:>9} {requests:>9} "
+                    f"{r['cpu_ms_per_llm_call']:>11.1f} {r['postgres_cpu_ms_per_llm_call']:>10.1f} "
+                    f"{r['pss_mb']['total']:>7.0f} {r['event_latency_ms'].get('p95', 0):>7.0f}ms {sockets:>10} "
                     f"{r['turns_completed']:>4}/{r['turns']:<3}")
+    head = f"{'workload':<9} {'qc':>2} {'L ms':>5} " + " ".join(f"{name:>24}" for name in HANDOFFS)
+    rows += ["", "hand-offs, p50 / p95 ms (from the model server's timeline)", head, "-" * len(head)]
+    for r in results:
+        cells = [f"{h.get('p50', 0):.1f} / {h.get('p95', 0):.1f}" if h.get("n") else "–"
+                 for h in (r["handoff_ms"][name] for name in HANDOFFS)]
+        rows.append(f"{r['workload']:<9} {r['clusters']:>2} {r['latency_ms']:>5} "
+                    + " ".join(f"{cell:>24}" for cell in cells))
     return "\n".join(rows)
 
 

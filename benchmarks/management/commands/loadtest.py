@@ -1,7 +1,7 @@
 """Load: browser-like users over htmx posts and WebSockets against daphne and a qcluster.
 
 Run it on a scratch database (it creates users, conversations and turns): `make load`
-does, on PostgreSQL + Redis. See orchestration/bench/load.py for what a user does.
+does, on PostgreSQL + Redis. See benchmarks/load.py for what a user does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from orchestration.bench.load import LoadConfig, run_load, table
+from benchmarks.load import LoadConfig, run_load, table
 
 
 class Command(BaseCommand):

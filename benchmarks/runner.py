@@ -1,4 +1,4 @@
-"""Run a workload through a real qcluster and measure it (see workloads.py for the ideal)."""
+"""Run a workload through real qclusters and measure it (see workloads.py for the bound)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from django.db import connection
 from django.utils import timezone
 from django_q.conf import Conf
 
-from orchestration.bench.listen import SocketListener
-from orchestration.bench.llm_server import ScriptedLLM
-from orchestration.bench.load import Daphne, cpu_seconds, latency_figures, peak_rss_mb, services_cpu
-from orchestration.bench.processes import Cluster
-from orchestration.bench.workloads import Workload, wide
+from benchmarks.listen import SocketListener
+from benchmarks.llm_server import ScriptedLLM
+from benchmarks.handoffs import handoff_seconds
+from benchmarks.load import Daphne, cpu_seconds, latency_figures, services_cpu
+from benchmarks.processes import Cluster, pss_mb
+from benchmarks.workloads import Workload, wide
 from orchestration.models import AgentDispatch, Conversation, Event, SkillExecution, Turn, TurnStatus
 from orchestration.turns import turn_start
 
@@ -30,14 +31,18 @@ class Result:
     setup: str
     latency_ms: int
     workers: int
+    clusters: int
     makespan_s: float
-    ideal_s: float
+    bound_s: float
     ratio: float
     llm_requests: int
     expected_llm_requests: int
-    cpu_s_per_llm_call: float  # daphne and the qcluster's processes
+    peak_in_flight: int  # model requests being answered at once
+    cpu_ms_per_llm_call: float  # the project's processes: daphne and every qcluster process
+    postgres_cpu_ms_per_llm_call: float
     cpu_s: dict  # by process: web, workers, the benchmark itself (LLM server, sockets), services
-    peak_rss_mb: dict
+    pss_mb: dict  # proportional set size at the end: web, workers (every qcluster process), total
+    handoff_ms: dict  # hand-off → p50/p95 (benchmarks/handoffs.py)
     event_latency_ms: dict  # commit → the dashboard's socket (median, p95)
     sockets_equal_to_database: int
     turns_completed: int
@@ -48,48 +53,59 @@ class Result:
         return asdict(self)
 
 
-def run_workload(*, workload: Workload, latency_ms: int, server: ScriptedLLM, cluster: Cluster, web: Daphne,
-                 setup: str, workers: int, timeout: float = 300) -> Result:
+def run_workload(*, workload: Workload, latency_ms: int, server: ScriptedLLM, clusters: list[Cluster],
+                 web: Daphne, setup: str, workers: int, timeout: float = 300) -> Result:
     """One run: the workload's conversations, each with its dashboard socket open from
     before the message until every event has arrived (then closed, as a page is left)."""
     listener = SocketListener(web.url)
     try:
-        return _run(workload, latency_ms, server, cluster, web, listener, setup, workers, timeout)
+        return _run(workload, latency_ms, server, clusters, web, listener, setup, workers, timeout)
     finally:
         listener.close()
 
 
-def _run(workload, latency_ms, server, cluster, web, listener, setup, workers, timeout) -> Result:
+def _run(workload, latency_ms, server, clusters, web, listener, setup, workers, timeout) -> Result:
     server.respond = workload.plan()
     server.latency = latency_ms / 1000
     requests_before = len(server.requests)
-    cpu_before = _cpu(cluster, web)
+    server.peak_in_flight = 0
+    cpu_before = _cpu(clusters, web)
     users = [_bench_user(i) for i in range(workload.conversations)]
     conversations = [Conversation.objects.create(owner=user, title=f"bench {workload.name}") for user in users]
     for conversation, user in zip(conversations, users):
         listener.watch(conversation.pk, user)  # the dashboard is open before the message is sent
-    turns = [turn_start(conversation=c, text=f"run {workload.name}") for c in conversations]
+    # Each turn's own words: the model server's requests say which turn they are for.
+    turns = [turn_start(conversation=c, text=f"run {workload.name} #{c.pk}") for c in conversations]
     deadline = time.monotonic() + timeout
     while Turn.objects.filter(pk__in=[t.pk for t in turns]).exclude(status__in=FINAL).exists():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{workload.name}: turns unfinished after {timeout}s\n{cluster.log_tail()}")
+            raise TimeoutError(f"{workload.name}: turns unfinished after {timeout}s\n{clusters[0].log_tail()}")
         time.sleep(0.1)  # the makespan comes from the turns' own timestamps, not from this loop
     events = _events_by_conversation(conversations)
     listener.wait_for({cid: set(ids) for cid, ids in events.items()}, timeout=SOCKET_SETTLE_SECONDS)
-    cpu = {name: round(after - cpu_before[name], 2) for name, after in _cpu(cluster, web).items()}
+    cpu = {name: round(after - cpu_before[name], 2) for name, after in _cpu(clusters, web).items()}
     done = list(Turn.objects.filter(pk__in=[t.pk for t in turns]))
     makespan = (max(t.finished_at for t in done) - min(t.started_at for t in done)).total_seconds()
-    ideal = statistics.mean(workload.ideal_seconds(latency_ms / 1000, _skill_seconds(t)) for t in done)
+    skills = {t.pk: _skill_seconds(t) for t in done}
+    bound = statistics.mean(workload.bound_seconds(latency_ms / 1000, skills[t.pk]) for t in done)
     requests = len(server.requests) - requests_before
     latencies = [listener.arrivals[cid][event_id] - created for cid, created_by_id in events.items()
                  for event_id, created in created_by_id.items() if event_id in listener.arrivals[cid]]
-    peaks = {"web (daphne)": peak_rss_mb(web), "worker (largest qcluster process)": peak_rss_mb(cluster)}
+    handoffs = handoff_seconds(server, requests_before, workload, {
+        f"run {workload.name} #{t.conversation_id}": (t.started_at.timestamp(), skills[t.pk]) for t in done})
+    workers_pss = round(sum(pss_mb(pid) for c in clusters for pid in [c.pid, *c.descendants()]), 1)
+    web_pss = round(sum(pss_mb(pid) for pid in [web.pid, *web.descendants()]), 1)
+    per_call = 1000 / max(requests, 1)
     return Result(
-        workload=workload.name, setup=setup, latency_ms=latency_ms, workers=workers,
-        makespan_s=round(makespan, 3), ideal_s=round(ideal, 3), ratio=round(makespan / ideal, 3),
+        workload=workload.name, setup=setup, latency_ms=latency_ms, workers=workers, clusters=len(clusters),
+        makespan_s=round(makespan, 3), bound_s=round(bound, 3), ratio=round(makespan / bound, 3),
         llm_requests=requests, expected_llm_requests=workload.expected_llm_requests,
-        cpu_s_per_llm_call=round((cpu["web"] + cpu["workers"]) / max(requests, 1), 4), cpu_s=cpu,
-        peak_rss_mb=peaks, event_latency_ms=latency_figures(latencies),
+        peak_in_flight=server.peak_in_flight,
+        cpu_ms_per_llm_call=round((cpu["web"] + cpu["workers"]) * per_call, 2),
+        postgres_cpu_ms_per_llm_call=round(cpu["postgres"] * per_call, 2), cpu_s=cpu,
+        pss_mb={"web": web_pss, "workers": workers_pss, "total": round(web_pss + workers_pss, 1)},
+        handoff_ms={name: latency_figures(values) for name, values in handoffs.items()},
+        event_latency_ms=latency_figures(latencies),
         sockets_equal_to_database=sum(listener.arrivals[cid].keys() == ids.keys() for cid, ids in events.items()),
         turns_completed=sum(t.status == TurnStatus.COMPLETED for t in done), turns=len(done),
     )
@@ -111,9 +127,9 @@ def _events_by_conversation(conversations: list[Conversation]) -> dict[int, dict
     return found
 
 
-def _cpu(cluster: Cluster, web: Daphne) -> dict[str, float]:
+def _cpu(clusters: list[Cluster], web: Daphne) -> dict[str, float]:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"web": cpu_seconds(web), "workers": cpu_seconds(cluster),
+    return {"web": cpu_seconds(web), "workers": sum(cpu_seconds(c) for c in clusters),
             "benchmark (LLM server, sockets)": usage.ru_utime + usage.ru_stime, **services_cpu()}
 
 
