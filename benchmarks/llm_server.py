@@ -75,6 +75,13 @@ def with_burst(respond: Callable[[dict], Reply], *, count: int, status: int = 50
 TOOL_CALL_IDS = ("fresh", "reused", "scripted")
 
 
+class _Server(ThreadingHTTPServer):
+    # A provider accepts a burst of connections (a runner opens 100 at once); the
+    # default backlog of 5 refused them, which no real endpoint does.
+    request_queue_size = 512
+    daemon_threads = True
+
+
 class ScriptedLLM:
     def __init__(self, respond: Callable[[dict], Reply] | None = None, latency: float = 0.0, ids: str = "fresh"):
         if ids not in TOOL_CALL_IDS:
@@ -90,7 +97,7 @@ class ScriptedLLM:
         self.in_flight = 0  # requests being answered now (the latency included)
         self.peak_in_flight = 0
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = _Server(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

@@ -41,6 +41,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
+from orchestration.llm.base import pool_connections_on
+
 logger = logging.getLogger(__name__)
 
 DRAIN_SECONDS_PAST_A_MODEL_CALL = 30.0
@@ -56,6 +58,7 @@ class Runner:
     def __init__(self, *, capacity: int, db_threads: int):
         self.capacity = capacity
         self.loop = asyncio.new_event_loop()
+        pool_connections_on(self.loop)
         self.db_executor = ThreadPoolExecutor(db_threads, thread_name_prefix="runner-db")
         self.loop.set_default_executor(self.db_executor)
         self._slots = threading.BoundedSemaphore(capacity)

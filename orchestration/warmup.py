@@ -35,7 +35,9 @@ def warm_up(**kwargs) -> None:
     Turn.objects.filter(pk=0).exists()  # the (persistent) database connection, and the ORM's first query
     get_channel_layer()  # imports channels_redis and redis.asyncio: ~0.5 s of CPU, at the first event
     if settings.ASSISTANT_LLM_PROVIDER == "openai":
+        import httpx_aiohttp  # noqa: F401 - the runner's connection pool (aiohttp), imported lazily by the SDK
+
         from orchestration.llm.openai_provider import _client
 
-        _client().chat.completions  # the SDK imports its resources lazily: ~2 s of CPU
+        _client()
     logger.debug("worker warmed up")

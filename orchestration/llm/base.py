@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import asdict, dataclass, field
 
 
@@ -66,3 +67,16 @@ def tool_call_message(call: ToolCall) -> dict:
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
+
+
+# Event loops that live as long as their process (a worker's runner): a provider may keep
+# a connection pool on them that needs closing, which a temporary loop would leak.
+_long_lived_loops: weakref.WeakSet = weakref.WeakSet()
+
+
+def pool_connections_on(loop) -> None:
+    _long_lived_loops.add(loop)
+
+
+def pools_connections(loop) -> bool:
+    return loop in _long_lived_loops
