@@ -9,6 +9,9 @@ one repairs the gap, because it sends everything after the last event sent.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db.models import Max
@@ -102,12 +105,42 @@ def panels_for(events: list[Event]) -> frozenset[str]:
     return frozenset(panels)
 
 
+class _Rendered:
+    """HTML this process rendered already, shared by every socket it serves: an event's
+    row never changes, and the panels a push of a conversation's newest event re-renders
+    are the same for each socket open on it (a second tab, a phone) — they belong to the
+    conversation, not to the socket. Bounded; the oldest entries go first."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key, render: Callable[[], str]) -> str:
+        with self._lock:
+            html = self._items.get(key)
+        if html is None:
+            html = render()
+            with self._lock:
+                self._items[key] = html
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+        return html
+
+
+_rendered = _Rendered(size=4096)
+
+
 def render_events(conversation: Conversation, events: list[Event]) -> str:
     """The fragments for `events`, followed by the state panels they can have changed."""
     if not events:
         return ""
-    parts = [render_to_string("conversations/push.html", {"event": event}) for event in events]
-    parts.append(render_to_string("conversations/panels.html", panel_context(conversation, panels_for(events))))
+    # Keyed by id and time: an id alone can come back after a rollback (tests, SQLite).
+    parts = [_rendered.get(("event", event.pk, event.created_at), lambda event=event: render_to_string(
+        "conversations/push.html", {"event": event})) for event in events]
+    panels, newest = panels_for(events), events[-1]
+    parts.append(_rendered.get(("panels", conversation.pk, newest.pk, newest.created_at, panels),
+                               lambda: render_to_string("conversations/panels.html", panel_context(conversation, panels))))
     return "".join(parts)
 
 

@@ -12,8 +12,7 @@ The conversation's sliding window need not be counted on every call. A conversat
 one active turn at a time, so the calls in the window are at most those it held when
 this turn started (`Turn.prior_window_calls`, which can only age out) plus this turn's
 own: while that sum is under the limit, the one conditional UPDATE of the turn's counter
-(which also checks the agent's lease, and reads the limits a Continue may have raised)
-is the whole reservation. Near the limit, the window is counted exactly, under a lock
+(which also checks the agent's lease) is the whole reservation. Near the limit, the window is counted exactly, under a lock
 on the conversation row.
 """
 
@@ -21,9 +20,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Exists, F, IntegerField, OuterRef
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from orchestration.events import event_record
@@ -58,11 +55,14 @@ def reserve_skill_call(*, dispatch: AgentDispatch, skill: str, arguments: dict, 
 
 
 def _reserve_quickly(dispatch: AgentDispatch, token: str | None) -> bool:
-    """The reservation in one UPDATE, when far enough from every limit (see above)."""
-    turn_limit = Cast(KeyTextTransform("turn_max_skill_calls", "limits"), IntegerField())
-    window_limit = Cast(KeyTextTransform("conversation_max_skill_calls", "limits"), IntegerField())
-    room = (Turn.objects.filter(pk=dispatch.turn_id, skill_calls__lt=turn_limit)
-            .filter(skill_calls__lt=window_limit - F("prior_window_calls")))
+    """The reservation in one UPDATE, when far enough from every limit (see above).
+
+    The limits are those the agent read with its turn: a Continue only raises them, so
+    a raised limit at worst sends this call to the exact path, which reads them again."""
+    limits = Limits.from_json(dispatch.turn.limits)
+    room = Turn.objects.filter(
+        pk=dispatch.turn_id, skill_calls__lt=limits.turn_max_skill_calls,
+    ).filter(skill_calls__lt=limits.conversation_max_skill_calls - F("prior_window_calls"))
     if token is not None:
         # EXISTS, not a join: Django turns a joined UPDATE into `pk IN (subquery)`, whose
         # counter check PostgreSQL does not re-read after waiting on a concurrent

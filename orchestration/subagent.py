@@ -106,9 +106,11 @@ async def agent_run(dispatch_id: int) -> None:
 def _claim(dispatch_id: int) -> tuple[AgentDispatch, str, bool] | None:
     """(the dispatch, as this delivery holds it, its lease token, whether this is its
     first start), or None when it is not ours to run (claimed already, or not `created`)."""
-    dispatch = (AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
-                .filter(pk=dispatch_id, state=DispatchState.CREATED).first())
-    if dispatch is None:
+    try:
+        # get(), not first(): no ORDER BY to compile over four joined tables (3 ms of CPU).
+        dispatch = (AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
+                    .get(pk=dispatch_id, state=DispatchState.CREATED))
+    except AgentDispatch.DoesNotExist:
         return None
     token, now, awaited = new_token(), timezone.now(), dispatch.awaiting
     first_start = dispatch.started_at is None

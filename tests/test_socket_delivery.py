@@ -117,3 +117,22 @@ def test_a_push_re_renders_only_the_panels_its_events_can_change(started):
     assert panels("orchestrator.llm_call") == {"counters"}
     assert panels("skill.finished", "turn.completed") == set(ids)
     assert panels("limit.tripped") == set(ids) - {"graph"}
+
+
+def test_two_sockets_on_one_conversation_share_one_render(started, monkeypatch):
+    """A second tab (or a phone) on the conversation gets the same rows and panels without
+    rendering them again: each event's row and each push's panels render once per process."""
+    conversation, turn, first = started
+    rendered = []
+    real = live.render_to_string
+    monkeypatch.setattr(live, "render_to_string", lambda name, context: rendered.append(name) or real(name, context))
+    events = [Event.objects.create(conversation=conversation, turn=turn, type=t, summary=t)
+              for t in ("skill.started", "skill.finished")]
+
+    tab, phone = live.render_events(conversation, events), live.render_events(conversation, events)
+
+    assert tab == phone and 'id="agent-graph"' in tab
+    assert rendered == ["conversations/push.html"] * 2 + ["conversations/panels.html"]
+    newer = Event.objects.create(conversation=conversation, turn=turn, type="skill.started", summary="again")
+    assert live.render_events(conversation, [newer]) != tab  # a newer event: its own row and panels
+    assert rendered[3:] == ["conversations/push.html", "conversations/panels.html"]
