@@ -70,7 +70,9 @@ def process_stats(pid: int) -> ProcessStats | None:
         return None
     name = stat[stat.index("(") + 1 : stat.rindex(")")]
     fields = stat.rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+    # utime + stime, and cutime + cstime: the CPU of children it reaped (a qcluster's
+    # workers recycled during a run would otherwise take theirs with them).
+    cpu = sum(int(value) for value in fields[11:15]) / CLOCK_TICKS
     hwm = next((line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")), "0")
     return ProcessStats(pid=pid, name=name, cpu_seconds=cpu, peak_rss_mb=int(hwm) / 1024)
 

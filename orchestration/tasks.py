@@ -73,8 +73,3 @@ def orchestrator_step(turn_id: int) -> None:
 def subagent_run(dispatch_id: int) -> None:
     _run("subagent_run", dispatch_id)
 
-
-def reap() -> None:
-    from orchestration.reaper import reap_expired
-
-    reap_expired()

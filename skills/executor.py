@@ -38,7 +38,6 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -49,6 +48,7 @@ from django.utils import timezone
 
 from skills.base import Skill, SkillError
 from skills.breaker import breaker_admit, breaker_record
+from skills.context import running_call
 from skills.models import ExecutionStatus
 from skills.registry import UnknownSkill, get_skill
 from skills.timeouts import SkillTimeout, deadline
@@ -81,7 +81,7 @@ class _Running:
     """The call whose handler is running in this context, as nested calls inherit it."""
 
     row: models.Model
-    key: str  # current_call_key()
+    key: str  # skills.context.current_call_key()
     scope: dict
     granted: frozenset[str] | None
     before_run: BeforeRun | None
@@ -89,19 +89,6 @@ class _Running:
     refused: BaseException | None = None  # a nested call's before_run refusal
 
 
-_running: ContextVar[_Running | None] = ContextVar("skills_running_call", default=None)
-
-
-def current_call_key() -> str | None:
-    """A key for the call whose handler is running, the same on every run of that call,
-    else None. Handlers whose effect lies outside the database (files, mail) use it to
-    recognise their own earlier, interrupted run (skills/journal.py).
-
-    A replay after a crash runs the handler again on the same committed row, so a call's
-    key is its row's. A nested call's row rolls back with the call around it, so its key
-    is that call's key and its own tool_call_id, which the handler passes again."""
-    running = _running.get()
-    return running.key if running is not None else None
 
 
 def _row_key(row: models.Model) -> str:
@@ -177,7 +164,7 @@ def execute_skill(
     running call (a `granted` given here can only narrow its grant), so a handler needs
     to know nothing of who called it.
     """
-    outer = _running.get()
+    outer = running_call.get()
     if outer is not None:
         scope = scope if scope is not None else outer.scope
         parent = parent if parent is not None else outer.row
@@ -372,7 +359,7 @@ def _call_handler(skill: Skill, *, user, arguments: dict, running: _Running) -> 
     """The handler's result; a failure raises _Failed (whether the skill itself looked
     healthy rides along). A nested call's refused reservation propagates instead, even
     if the handler caught it."""
-    token = _running.set(running)
+    token = running_call.set(running)
     try:
         try:
             data = _handler_data(skill, user=user, arguments=arguments, row=running.row)
@@ -380,7 +367,7 @@ def _call_handler(skill: Skill, *, user, arguments: dict, running: _Running) -> 
             if running.refused is None:
                 raise
     finally:
-        _running.reset(token)
+        running_call.reset(token)
     if running.refused is not None:
         raise running.refused
     return data

@@ -4,7 +4,7 @@ A skill call's result commits with its execution row after the handler returns. 
 worker that dies in between leaves the row `running`, and the engine replays the call:
 the handler runs again on the same row. Its database writes rolled back, but a file it
 replaced or a mail it sent did not. So such a handler journals its outside effect under
-`skills.executor.current_call_key()`, before its transaction commits, and on a replay
+`skills.context.current_call_key()`, before its transaction commits, and on a replay
 reads the entry back to learn how far its earlier run got.
 
 Entries are JSON files under SKILLS_JOURNAL_ROOT, written to a temporary file, fsynced
@@ -31,14 +31,11 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from skills.context import current_call_key
+
 
 def call_key() -> str | None:
-    """`skills.executor.current_call_key()`: the running call's key, None outside a call.
-
-    Imported here, when called: the executor imports the registry, which imports every
-    handler, and the handlers import this module."""
-    from skills.executor import current_call_key
-
+    """The running call's key (skills/context.py), None outside a call."""
     return current_call_key()
 
 

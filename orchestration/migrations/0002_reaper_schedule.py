@@ -1,4 +1,4 @@
-"""Schedule the reaper (orchestration.tasks.reap) every minute on django-q2's scheduler."""
+"""Schedule the reaper (then orchestration.tasks.reap; see 0010) every minute on django-q2's scheduler."""
 
 from django.db import migrations
 
