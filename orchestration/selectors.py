@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from orchestration.models import Conversation, Message
+from orchestration.models import AgentDispatch, Conversation, Message
 
 
 def conversations_for(*, user) -> QuerySet[Conversation]:
@@ -77,15 +77,18 @@ def conversation_usage(*, conversation: Conversation) -> dict:
     from django.conf import settings
     from django.db.models import Sum
 
-    totals = conversation.turns.aggregate(
-        prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"), cached=Sum("cached_tokens")
-    )
-    prompt, completion = totals["prompt"] or 0, totals["completion"] or 0
+    fields = {"prompt": Sum("prompt_tokens"), "completion": Sum("completion_tokens"), "cached": Sum("cached_tokens")}
+    totals = conversation.turns.aggregate(**fields)
+    # An agent's usage reaches its turn when it ends (in the same transaction that sets
+    # finished_at); until then its row holds it, as of its last step.
+    running = AgentDispatch.objects.filter(turn__conversation=conversation, finished_at__isnull=True).aggregate(**fields)
+    totals = {key: (totals[key] or 0) + (running[key] or 0) for key in fields}
+    prompt, completion = totals["prompt"], totals["completion"]
     cost = (
         prompt * settings.ASSISTANT_PRICE_PROMPT_PER_MTOK
         + completion * settings.ASSISTANT_PRICE_COMPLETION_PER_MTOK
     ) / 1_000_000
-    return {"prompt": prompt, "completion": completion, "cached": totals["cached"] or 0,
+    return {"prompt": prompt, "completion": completion, "cached": totals["cached"],
             "total": prompt + completion, "cost": cost}
 
 
