@@ -72,7 +72,7 @@ $(VENV)/.audit-installed: pyproject.toml | $(VENV)/.installed
 	touch $@
 
 audit: install $(VENV)/.audit-installed
-	$(BIN)/bandit -q -r assistant orchestration skills -ll
+	$(BIN)/bandit -q -r assistant benchmarks orchestration skills -ll
 	@mkdir -p var
 	@$(BIN)/pip-audit --skip-editable --progress-spinner off $(PIP_AUDIT_ARGS) >var/pip-audit.txt 2>&1; \
 	status=$$?; grep -v 'could not be audited' var/pip-audit.txt; \
