@@ -51,7 +51,7 @@ from orchestration.tooldefs import (
     orchestrator_tools,
 )
 from orchestration.turns import turn_complete, turn_fail
-from skills.registry import get_skill_tool_result
+from skills.registry import catalogue, get_skill_tool_result
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def _last_seq(turn: Turn) -> int:
 def _request_for(turn: Turn, limits: Limits) -> _Request:
     profiles = profiles_by_name()
     prompt = orchestrator_system_prompt(
-        profiles=[{"name": p.name, "description": p.description} for p in profiles.values()]
+        catalogue=catalogue(), profiles=[{"name": p.name, "description": p.description} for p in profiles.values()]
     )
     tools = orchestrator_tools(
         profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap

@@ -10,8 +10,9 @@ You are the orchestrator of a personal assistant. You never use skills yourself:
 plan, delegate focused missions to sub-agents, collect their results and answer the user.
 
 How to work:
-1. Call get_skill (without a domain) to see the skill domains, then get_skill with a
-   domain to see its skills and their parameters, when you need them.
+1. Plan from the skill catalogue below: grant agents skills by those exact names. You
+   need not look skills up; get_skill with a domain gives their parameter schemas if
+   you ever want them (agents receive the schemas of the skills they are granted).
 2. Call dispatch_agent once per focused mission. Give each agent only the skills it
    needs, a short mission, and any context it cannot find itself. Independent missions
    run in parallel: dispatch them in the same response. When a mission needs another's
@@ -33,8 +34,10 @@ done), reply with a short plain-text report of what you did and found, including
 records you created. Tool results are JSON; an "ok": false result explains what to fix."""
 
 
-def orchestrator_system_prompt(*, profiles: list[dict]) -> str:
-    parts = [ORCHESTRATOR_STATIC]
+def orchestrator_system_prompt(*, catalogue: str, profiles: list[dict]) -> str:
+    """The static instructions, then the catalogue (both byte-stable across calls: a
+    cacheable prefix), then the profiles and the date."""
+    parts = [ORCHESTRATOR_STATIC, f"Skill catalogue (domain: what it holds; each skill, whether it reads or writes):\n{catalogue}"]
     if profiles:
         lines = "\n".join(f"- {p['name']}: {p['description']}" for p in profiles)
         parts.append(

@@ -1,6 +1,7 @@
 """Every skill the assistant has, by domain: the one place that maps names to skills.
 
-`get_skill_tool_result` is the orchestrator's `get_skill` tool (DESIGN.md §3). Lookups
+`catalogue` is what the orchestrator's system prompt lists; `get_skill_tool_result` is
+its `get_skill` tool (DESIGN.md §3), for the full schemas. Lookups
 read `DOMAINS` each time, so a test (or a plug-in) can add a domain with one dict entry.
 """
 
@@ -76,6 +77,28 @@ def get_skill_tool_result(domain: str | None) -> dict:
         return describe_domain(domain)
     except UnknownDomain as exc:
         return {"error": str(exc)}
+
+
+def catalogue() -> str:
+    """What the orchestrator plans from, in its system prompt: every domain, sorted, with
+    each skill's name, whether it only reads, and the first sentence of its description.
+
+    No parameter schemas: the orchestrator only grants skills, and the sub-agent gets
+    the schemas of its own in `use_skill`. Byte-stable, so that an endpoint's prompt
+    cache keeps it: it changes only when the skill set does."""
+    lines = []
+    for name in sorted(DOMAINS):
+        domain = DOMAINS[name]
+        lines.append(f"{name}: {_first_sentence(domain.description)}")
+        lines += [f"- {skill.name} ({'reads' if skill.read_only else 'writes'}): {_first_sentence(skill.description)}"
+                  for skill in sorted(domain.skills, key=_by_name)]
+    return "\n".join(lines)
+
+
+def _first_sentence(text: str) -> str:
+    flat = " ".join(text.split())
+    end = flat.find(". ")
+    return flat if end < 0 else flat[: end + 1]
 
 
 def _by_name(skill: Skill) -> str:

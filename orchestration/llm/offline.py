@@ -1,7 +1,7 @@
 """The offline planner: the embedded default when no API key is set.
 
 Deterministic and without network, yet it drives the real pipeline: the orchestrator
-side discovers skills, dispatches agents (with depends_on) from the user's words, waits
+side plans from the catalogue in its prompt (no discovery calls), dispatches agents (with depends_on) from the user's words, waits
 for them and writes an answer from their results; the agent side turns the planned call
 in its context into real `use_skill` calls. It is a function of the messages alone, so a
 replay or a second worker gets the same answer. It says plainly that it is offline.
@@ -49,10 +49,8 @@ def _orchestrator_reply(messages: list[dict]) -> LLMResponse:
     request = messages[start]["content"]
     turn = messages[start + 1 :]
     called = [c["function"]["name"] for m in turn if m["role"] == "assistant" for c in m.get("tool_calls") or []]
-    if not called:
-        return _calls([("get_skill", {})])
-    last = called[-1]
-    if last == "get_skill":
+    last = called[-1] if called else None
+    if last in (None, "get_skill"):
         plan = plan_agents(request)
         if not plan:
             return LLMResponse(f"{BANNER}\n\n{_help_text()}")

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django_q.conf import Conf
 
 from orchestration.llm.offline import OfflineProvider, plan_agents
-from orchestration.models import AgentDispatch, Conversation
+from orchestration.models import AgentDispatch, Conversation, Turn
 from skills.domains.calendar.models import CalendarEvent
 from skills.domains.email.models import OutboxEmail
 
@@ -43,7 +43,8 @@ def test_offline_provider_is_deterministic():
     tools = [{"type": "function", "function": {"name": "get_skill"}}]
     first = OfflineProvider().complete(model="m", messages=messages, tools=tools)
     second = OfflineProvider().complete(model="m", messages=messages, tools=tools)
-    assert first == second and first.tool_calls[0].name == "get_skill"
+    # It plans from the catalogue in its prompt: no discovery call first.
+    assert first == second and {call.name for call in first.tool_calls} == {"dispatch_agent"}
 
 
 def test_ask_answers_the_example_with_real_side_effects(alice):
@@ -56,6 +57,7 @@ def test_ask_answers_the_example_with_real_side_effects(alice):
     event = CalendarEvent.objects.get(owner=alice, title="Review meeting")
     assert event.start.hour == 14
     assert AgentDispatch.objects.filter(outcome="completed").count() == 3
+    assert Turn.objects.get().llm_iterations == 3  # dispatch, results, answer
 
 
 def test_ask_json_prints_the_audit_tree(alice):
