@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestration.limits import Limits
 from orchestration.models import AgentDispatch, Conversation, Turn
 
 
@@ -43,6 +44,11 @@ def dispatch_tree(dispatches: list[AgentDispatch], parent_id=None) -> list[dict]
     ]
 
 
+# A request planned from the catalogue in the orchestrator's prompt: dispatch, results,
+# answer (one more when it looks a domain's schemas up, or answers without agents: fewer).
+TYPICAL_ORCHESTRATOR_CALLS = 3
+
+
 def turn_audit(turn: Turn) -> dict:
     dispatches = list(turn.dispatches.prefetch_related("skill_executions"))
     return {
@@ -50,7 +56,9 @@ def turn_audit(turn: Turn) -> dict:
         "started_at": _iso(turn.started_at), "finished_at": _iso(turn.finished_at),
         "limits": turn.limits, "continuations": turn.continuations,
         "counters": {"agents": turn.agents_dispatched, "skill_calls": turn.skill_calls,
-                     "llm_iterations": turn.llm_iterations},
+                     "llm_iterations": turn.llm_iterations,
+                     "llm_iterations_allowed": Limits.from_json(turn.limits).turn_max_llm_iterations,
+                     "llm_iterations_typical": TYPICAL_ORCHESTRATOR_CALLS},
         "usage": {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
                   "cached_tokens": turn.cached_tokens},
         "pauses": [

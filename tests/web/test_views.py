@@ -87,9 +87,13 @@ def test_audit_page_and_export(alice_client, conversation):
     turn_for(conversation)
     page = alice_client.get(reverse("conversation_audit", args=[conversation.pk]))
     assert page.status_code == 200 and "Turn 1" in page.content.decode()
+    assert "0 of 6 orchestrator calls (a typical request takes 3)" in page.content.decode()
     export = alice_client.get(reverse("conversation_export", args=[conversation.pk]))
     assert export["Content-Disposition"].startswith("attachment;")
-    assert json.loads(export.content)["turns"][0]["number"] == 1
+    turn = json.loads(export.content)["turns"][0]
+    assert turn["number"] == 1
+    assert turn["counters"] == {"agents": 0, "skill_calls": 0, "llm_iterations": 0, "llm_iterations_allowed": 6,
+                                "llm_iterations_typical": 3}
 
 
 @pytest.mark.parametrize("name", ["conversation_audit", "conversation_export"])
