@@ -114,10 +114,12 @@ class Daphne(ManagedProcess):
         self.url = url
 
     @classmethod
-    def start(cls, *, env: dict[str, str], log_path: Path) -> Daphne:
+    def start(cls, *, env: dict[str, str], log_path: Path, port: int = 0) -> Daphne:
+        """On `port` (0: a free one; a restart takes its old one again), its output
+        appended to `log_path`."""
         environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "assistant.settings", "PYTHONUNBUFFERED": "1",
                        "DATABASE_URL": database_url(), **env}
-        with socket.create_server(("127.0.0.1", 0), backlog=512) as listener, open(log_path, "wb") as log:
+        with socket.create_server(("127.0.0.1", port), backlog=512) as listener, open(log_path, "ab") as log:
             port = listener.getsockname()[1]
             process = subprocess.Popen(
                 [str(Path(sys.executable).with_name("daphne")), "--fd", str(listener.fileno()),

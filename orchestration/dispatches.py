@@ -176,10 +176,9 @@ def orchestrator_wake_if_ready(turn: Turn, dispatches: list[AgentDispatch] | Non
     if turn.status != TurnStatus.WAITING:
         return False
     awaited = set(turn.awaiting.get("agent_ids") or [])
-    if dispatches is not None:
-        if any(d.agent_id in awaited and not is_terminal(d) for d in dispatches):
-            return False
-    elif turn.dispatches.filter(agent_id__in=awaited).exclude(state__in=TERMINAL_STATES).exists():
+    if dispatches is None:
+        dispatches = list(turn.dispatches.filter(agent_id__in=awaited))
+    if any(d.agent_id in awaited and not is_terminal(d) for d in dispatches):
         return False
     if Turn.objects.filter(pk=turn.pk, status=TurnStatus.WAITING).update(status=TurnStatus.RUNNING):
         enqueue_orchestrator_step(turn.pk)

@@ -37,7 +37,5 @@ def warm_up(**kwargs) -> None:
     if settings.ASSISTANT_LLM_PROVIDER == "openai":
         import httpx_aiohttp  # noqa: F401 - the runner's connection pool (aiohttp), imported lazily by the SDK
 
-        from orchestration.llm.openai_provider import _client
-
-        _client()
+        import orchestration.llm.openai_provider  # noqa: F401 - and the SDK
     logger.debug("worker warmed up")

@@ -1,4 +1,4 @@
-"""LLM providers behind one small interface: `complete(model=, messages=, tools=)`."""
+"""LLM providers behind one small interface: `await acomplete(model=, messages=, tools=)`."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ __all__ = ["LLMError", "LLMResponse", "Provider", "ToolCall", "Usage", "get_prov
 
 class Provider(Protocol):
     name: str
-
-    def complete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse: ...
 
     async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse: ...
 

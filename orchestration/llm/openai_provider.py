@@ -6,18 +6,16 @@ backoff, up to ASSISTANT_LLM_MAX_RETRIES; what is still failing after that is an
 LLMError the engine can classify.
 
 The engine's loops await `acomplete` (the SDK's async client: a call in flight costs a
-coroutine, not a process); `complete` is the same call for synchronous callers.
-
-Both post the request through the client's own machinery (its retries, timeouts and
-errors) but read the answer as JSON: the typed `chat.completions.create` walks every
-message of the request through its TypedDict transform and builds pydantic models of
-the answer, 1.5 ms of CPU per call with a long transcript, and the engine keeps neither.
+coroutine, not a process). It posts the request through the client's own machinery (its
+retries, timeouts and errors) but reads the answer as JSON: the typed
+`chat.completions.create` walks every message of the request through its TypedDict
+transform and builds pydantic models of the answer, 1.5 ms of CPU per call with a long
+transcript, and the engine keeps neither.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import os
 import weakref
@@ -36,17 +34,6 @@ def _options() -> tuple[str | None, float, int]:
         settings.ASSISTANT_LLM_TIMEOUT_SECONDS,
         settings.ASSISTANT_LLM_MAX_RETRIES,
     )
-
-
-def _client() -> openai.OpenAI:
-    return _client_for(*_options())
-
-
-@functools.lru_cache(maxsize=4)
-def _client_for(base_url: str | None, timeout: float, max_retries: int) -> openai.OpenAI:
-    # Built lazily in the process that uses it (worker processes must not share the
-    # connection pool of a parent they were forked from), then reused for its keep-alive.
-    return openai.OpenAI(base_url=base_url, timeout=timeout, max_retries=max_retries)
 
 
 # An async client's connection pool belongs to the event loop it first ran on: one per
@@ -72,11 +59,6 @@ def _async_client() -> openai.AsyncOpenAI:
 
 class OpenAIProvider:
     name = "openai"
-
-    def complete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse:
-        with _as_llm_errors():
-            answer = _client().post(COMPLETIONS, body=_body(model, messages, tools), cast_to=httpx.Response)
-            return _to_response(answer.json())
 
     async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse:
         with _as_llm_errors():

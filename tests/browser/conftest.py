@@ -19,13 +19,8 @@ import os
 import random
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +29,9 @@ from urllib.parse import urlsplit
 import pytest
 from django.conf import settings
 
-from benchmarks.processes import ManagedProcess
+from benchmarks.load import Daphne
 from tests.conftest import PASSWORD
 from tests.live.conftest import (  # noqa: F401 - llm and qcluster are fixtures used here
-    STARTUP_SECONDS,
     Cluster,
     LiveLLM,
     database_url,
@@ -100,29 +94,6 @@ def limits_env(limits: dict[str, object]) -> dict[str, str]:
     return {f"LIMIT_{name.upper()}": str(value) for name, value in limits.items()}
 
 
-class WebServer(ManagedProcess):
-    """`daphne` in its own process group; stopped like the cluster (SIGTERM, then SIGKILL)."""
-
-    def __init__(self, process: subprocess.Popen, log_path: Path, url: str):
-        super().__init__(process, log_path)
-        self.url = url
-
-    def wait_ready(self) -> None:
-        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.fail(f"daphne exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                with direct.open(f"{self.url}/healthz", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.1)
-        pytest.fail(f"daphne not ready after {STARTUP_SECONDS}s:\n{self.log_tail()}")
-
-
 class Reaper(threading.Thread):
     """The engine's periodic reaper, every second instead of every minute (and the
     migration's schedule row does not survive a transactional test's flush anyway):
@@ -151,27 +122,11 @@ class Reaper(threading.Thread):
         self.join(timeout=10)
 
 
-def launch_web(env: dict[str, str], log_path: Path, port: int = 0) -> WebServer:
-    """`daphne` on 127.0.0.1:`port` (0: a free one), its output appended to `log_path`."""
-    # daphne adopts a socket bound here: no window in which another process takes the port
-    with socket.create_server(("127.0.0.1", port)) as listener, open(log_path, "ab") as log:
-        port = listener.getsockname()[1]
-        process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("daphne")), "--fd", str(listener.fileno()),
-             "assistant.asgi:application"],
-            cwd=settings.BASE_DIR, env={**os.environ, "DJANGO_SETTINGS_MODULE": "assistant.settings",
-                                        "PYTHONUNBUFFERED": "1", **env},
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            pass_fds=[listener.fileno()],
-        )
-    return WebServer(process, log_path, f"http://127.0.0.1:{port}")
-
-
 @dataclass
 class Site:
     url: str
     llm: LiveLLM
-    web: WebServer
+    web: Daphne
     cluster: Cluster | None
     env: dict[str, str] = field(default_factory=dict)
 
@@ -181,7 +136,7 @@ class Site:
 
     def start_web(self) -> None:
         """daphne again, on the same port: the open pages reconnect to it."""
-        self.web = launch_web(self.env, self.web.log_path, urlsplit(self.url).port)
+        self.web = Daphne.start(env=self.env, log_path=self.web.log_path, port=urlsplit(self.url).port)
         self.web.wait_ready()
 
 
@@ -193,7 +148,7 @@ def servers(llm, qcluster, tmp_path, request) -> Callable[..., Site]:
     def start(*, limits: dict | None = None, env: dict[str, str] | None = None, workers: int = 2) -> Site:
         """`workers=0`: daphne alone, for tests that start no turn."""
         shared = server_env(llm, {**limits_env(limits or {}), **(env or {})})
-        web = launch_web(shared, tmp_path / f"daphne-{len(started)}.log")
+        web = Daphne.start(env=shared, log_path=tmp_path / f"daphne-{len(started)}.log")
         try:
             cluster = qcluster(workers=workers, env=shared) if workers else None  # while daphne boots
             web.wait_ready()

@@ -252,6 +252,32 @@ class TestOrchestratorValidation:
         assert Event.objects.filter(turn=turn, type="turn.failed").exists()
         assert "this turn failed" in answer(turn)
 
+    @pytest.mark.parametrize("body", [
+        "[]", '{"choices": "none"}', '{"choices": [{"message": "hi"}]}',
+        '{"choices": [{"message": {"tool_calls": [{"id": "c1", "function": "get_skill"}]}}]}',
+        '{"choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens_details": 3}}',
+    ])
+    def test_json_of_the_wrong_shape_fails_the_turn_visibly(self, llm, run_turn, body):
+        """The answer is read as JSON, not through the SDK's models: any shape it does not
+        expect is an unusable response (retried, then the turn fails saying so)."""
+        llm.respond = lambda request: Reply(body=body)
+        turn = run_turn()
+        assert turn.status == "failed"
+        assert "LLM response unusable" in turn.error
+        assert Event.objects.filter(turn=turn, type="turn.failed").exists()
+
+    def test_arguments_sent_as_an_object_are_read_as_their_json(self, llm, run_turn):
+        """Some compatible servers send a tool call's arguments as an object, not a string."""
+        answered = '{"choices": [{"message": {"content": "Done."}, "finish_reason": "stop"}]}'
+        as_object = json.dumps({"choices": [{"message": {"content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_skill", "arguments": {"domain": "tasks"}}}]},
+            "finish_reason": "tool_calls"}]})
+        llm.respond = lambda request: Reply(body=answered if any(m["role"] == "tool" for m in request["messages"])
+                                            else as_object)
+        turn = run_turn()
+        assert turn.status == "completed", turn.error
+        assert tool_results(turn, "get_skill")[0]["domain"] == "tasks"
+
 
 def test_get_agent_results_reports_unknown_ids(llm, run_turn):
     def respond(request):
