@@ -77,6 +77,13 @@ class Turn(models.Model):
     step_attempts = models.PositiveIntegerField(default=0)
     llm_retries = models.PositiveIntegerField(default=0)  # transient-failure retries used
     error = models.TextField(blank=True)
+    # The owner's time zone when the turn started: every skill reads dates in it, and the
+    # prompts give the local date and time of the request in it (fixed for the turn, so
+    # the prompts stay a cacheable prefix).
+    time_zone = models.CharField(max_length=64, blank=True)
+    # The final answer as far as the model has streamed it (the page shows it while the
+    # turn runs, a reload too); the stored answer is the complete message.
+    answer_draft = models.TextField(blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -334,6 +341,9 @@ class LLMCall(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
+    # In US dollars, from the price table (settings.ASSISTANT_MODEL_PRICES); null when
+    # the model has no price there (the offline planner, an unlisted model).
+    cost_usd = models.DecimalField(max_digits=16, decimal_places=10, null=True, blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
