@@ -29,7 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import close_old_connections
 
-from assistant.live import Cursor, render_events, resume_floor
+from assistant.live import Cursor, render_draft, render_events, resume_floor, turn_running
 from orchestration.events import group_name
 from orchestration.models import Conversation
 
@@ -59,7 +59,8 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         self.group = group_name(conversation_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
-        self.cursor = Cursor(await _resume_floor(conversation_id, last_id))
+        self.cursor = Cursor(await _resume_floor(conversation_id, last_id),
+                             turn_running=await _turn_running(conversation_id))
         await self.push()
         self.deliverer = asyncio.create_task(self.deliver())
 
@@ -74,6 +75,9 @@ class ConversationConsumer(AsyncWebsocketConsumer):
 
     async def event_created(self, message):
         self.wanted.set()  # the delivery task reads the log; events meanwhile join that read
+
+    async def answer_streamed(self, message):
+        self.wanted.set()  # the same read sends the answer so far
 
     async def deliver(self):
         """Read the log when a group message asks, or after a poll interval of quiet.
@@ -129,5 +133,10 @@ def _resume_floor(conversation_id: int, last_id: int) -> int:
 
 
 @_pooled
+def _turn_running(conversation_id: int) -> bool:
+    return turn_running(conversation_id)
+
+
+@_pooled
 def _render_new(conversation: Conversation, cursor: Cursor) -> str:
-    return render_events(conversation, cursor.new_events(conversation.pk))
+    return render_events(conversation, cursor.new_events(conversation.pk)) + render_draft(conversation, cursor)

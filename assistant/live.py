@@ -19,7 +19,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from orchestration import selectors
-from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event
+from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
 
 # Events can commit out of id order on PostgreSQL (ids are taken at insert, not commit):
 # ids are only considered final once they are this old.
@@ -28,12 +28,21 @@ SETTLE_SECONDS = 5
 PANEL_EVENT_PREFIXES = ("turn.", "limit.", "agent.", "orchestrator.", "skill.")
 
 
-class Cursor:
-    """Where one socket is in the conversation's event log."""
+# Events after which a turn is running (its answer may stream) or no longer is.
+TURN_RUNS = ("turn.started", "turn.resumed")
+TURN_RESTS = ("turn.completed", "turn.failed", "turn.stopped", "turn.paused")
 
-    def __init__(self, floor: int):
+
+class Cursor:
+    """Where one socket is in the conversation's event log, and in the streamed answer."""
+
+    def __init__(self, floor: int, *, turn_running: bool = False):
         self.floor = floor  # everything at or below has been sent (or is in the page)
         self.sent: set[int] = set()
+        # While a turn runs the socket also reads its answer draft; the draft it sent last
+        # (None: the page's, unknown — sent again once, which does no harm).
+        self.turn_running = turn_running
+        self.draft: str | None = None
 
     def new_events(self, conversation_id: int) -> list[Event]:
         """The events not sent yet, in id order. Ids and times first (a light query that
@@ -49,7 +58,30 @@ class Cursor:
         if older:  # all sent by now: everything at or below the newest settled id is done
             self.floor = max(older)
             self.sent = {pk for pk in self.sent if pk > self.floor}
+        for event in events:
+            if event.type in TURN_RUNS or event.type in TURN_RESTS:
+                self.turn_running = event.type in TURN_RUNS
         return events
+
+
+def turn_running(conversation_id: int) -> bool:
+    return Turn.objects.filter(conversation_id=conversation_id, status__in=ACTIVE_TURN_STATUSES).exists()
+
+
+def render_draft(conversation: Conversation, cursor: Cursor) -> str:
+    """The running turn's answer so far, if it changed since the socket last sent it.
+
+    Read only while a turn runs (one light query); rendered through the same markdown
+    and sanitiser as the stored answer, into the placeholder the messages panel keeps
+    for it while the turn runs."""
+    if not cursor.turn_running:
+        return ""
+    draft = (Turn.objects.filter(conversation_id=conversation.pk, status=TurnStatus.RUNNING)
+             .values_list("answer_draft", flat=True).first()) or ""
+    if draft == cursor.draft:
+        return ""
+    cursor.draft = draft
+    return render_to_string("conversations/draft.html", {"draft": draft, "draft_oob": True})
 
 
 def replay_floor(conversation_id: int, shown_up_to: int, *, read_at: datetime | None = None) -> int:
@@ -149,7 +181,8 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
     context = {"conversation": conversation, "panels": panels, "oob": True}
     if panels & {"counters", "messages", "composer", "graph"}:
         # One turn at a time is active, and it is the latest: one query serves both.
-        latest = conversation.turns.order_by("-number").only("id", "conversation_id", "number", "status").first()
+        latest = (conversation.turns.order_by("-number")
+                  .only("id", "conversation_id", "number", "status", "answer_draft").first())
         context["active_turn"] = latest if latest is not None and latest.status in ACTIVE_TURN_STATUSES else None
     if "counters" in panels:
         context["usage"] = selectors.conversation_usage(conversation=conversation)

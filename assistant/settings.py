@@ -204,6 +204,11 @@ ASSISTANT_LLM_MAX_RETRIES = env_int("ASSISTANT_LLM_MAX_RETRIES", 2)
 # When a call still fails after the SDK's retries, the engine waits this long before its
 # own first retry (LIMIT_*_MAX_RETRIES of them), doubling each time (orchestration/retries.py).
 ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = env_float("ASSISTANT_LLM_RETRY_BACKOFF_SECONDS", 1.0, minimum=0)
+# The orchestrator's calls stream (Chat Completions stream=true), so its answer shows in
+# the chat as it is written; a server that cannot stream gets plain calls instead.
+ASSISTANT_LLM_STREAM = env_bool("ASSISTANT_LLM_STREAM", True)
+# How often, at most, the streamed answer so far is stored and pushed to the page.
+ASSISTANT_STREAM_INTERVAL_SECONDS = env_float("ASSISTANT_STREAM_INTERVAL_SECONDS", 0.25, minimum=0)
 # Prices per million tokens, for the cost counters (0 = not shown).
 ASSISTANT_PRICE_PROMPT_PER_MTOK = env_float("ASSISTANT_PRICE_PROMPT_PER_MTOK", 0.15)
 ASSISTANT_PRICE_COMPLETION_PER_MTOK = env_float("ASSISTANT_PRICE_COMPLETION_PER_MTOK", 0.60)

@@ -11,6 +11,14 @@ response by default, as OpenAI's are (`ids="reused"` numbers them `call_0`, `cal
 ... in every response, as some compatible servers do; `ids="scripted"` keeps the
 script's). `with_burst` makes a run of requests fail with 5xx or 429, longer than the
 SDK's own retries if asked; `Reply.delay` makes one hang.
+
+A request with `stream: true` is answered as providers do (`streaming="sse"`, the
+default): server-sent events, the text a few characters a chunk, each tool call's id and
+name first and its arguments in pieces, the finish reason, then the usage in a last chunk
+without choices when `stream_options.include_usage` asks for it, then `[DONE]`;
+`chunk_interval` paces the chunks and `Reply.stall` stops sending mid-stream. A server
+without streaming ignores the flag and answers whole (`streaming="plain"`) or refuses
+the request (`streaming="refuse"`, HTTP 400).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ class Reply:
     body: str | None = None  # a raw body instead of a completion (for malformed answers)
     delay: float = 0.0
     usage: tuple[int, int, int] = (100, 20, 0)
+    stall: float = 0.0  # streamed: seconds to hang after the first chunk
 
 
 def text(content: str, **kw) -> Reply:
@@ -73,6 +82,8 @@ def with_burst(respond: Callable[[dict], Reply], *, count: int, status: int = 50
 
 
 TOOL_CALL_IDS = ("fresh", "reused", "scripted")
+STREAMING = ("sse", "plain", "refuse")
+CHUNK_CHARS = 4  # about a token
 
 
 class _Server(ThreadingHTTPServer):
@@ -83,12 +94,17 @@ class _Server(ThreadingHTTPServer):
 
 
 class ScriptedLLM:
-    def __init__(self, respond: Callable[[dict], Reply] | None = None, latency: float = 0.0, ids: str = "fresh"):
+    def __init__(self, respond: Callable[[dict], Reply] | None = None, latency: float = 0.0, ids: str = "fresh",
+                 streaming: str = "sse", chunk_interval: float = 0.0):
         if ids not in TOOL_CALL_IDS:
             raise ValueError(f"ids must be one of {TOOL_CALL_IDS}")
+        if streaming not in STREAMING:
+            raise ValueError(f"streaming must be one of {STREAMING}")
         self.respond = respond
         self.latency = latency
         self.ids = ids
+        self.streaming = streaming
+        self.chunk_interval = chunk_interval
         self.requests: list[dict] = []
         self.errors: list[str] = []
         # (index in `requests`, arrived, answered) in epoch seconds: the hand-offs the
@@ -135,7 +151,10 @@ class ScriptedLLM:
                 try:
                     if scripted.respond is None:
                         raise AssertionError("no script set for this request")
-                    reply = scripted.respond(request)
+                    if request.get("stream") and scripted.streaming == "refuse":
+                        reply = http_error(400, "stream: this server does not support streaming")
+                    else:
+                        reply = scripted.respond(request)
                 except Exception as exc:  # noqa: BLE001 - reported to the test
                     scripted.errors.append(f"{type(exc).__name__}: {exc}")
                     reply = http_error(500, f"unscripted request: {exc}")
@@ -149,17 +168,44 @@ class ScriptedLLM:
                 finally:
                     with scripted._lock:
                         scripted.in_flight -= 1
+                if request.get("stream") and scripted.streaming == "sse" and reply.status == 200 and reply.body is None:
+                    self._stream(request, reply)
+                    with scripted._lock:
+                        scripted.timeline.append((index, arrived, time.time()))
+                    return
                 body = reply.body if reply.body is not None else json.dumps(_completion(request, reply))
                 data = body.encode()
                 self.send_response(reply.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for key, value in reply.headers.items():
+                headers = {"Content-Type": "application/json", **reply.headers, "Content-Length": str(len(data))}
+                for key, value in headers.items():
                     self.send_header(key, value)
                 self.end_headers()
                 with scripted._lock:
                     scripted.timeline.append((index, arrived, time.time()))
                 self.wfile.write(data)
+
+            def _stream(self, request: dict, reply: Reply):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                for key, value in reply.headers.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                try:
+                    for number, chunk in enumerate(_chunks(request, reply)):
+                        if number == 1 and reply.stall:
+                            time.sleep(reply.stall)
+                        elif number and scripted.chunk_interval:
+                            time.sleep(scripted.chunk_interval)
+                        self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self._write_chunk(b"data: [DONE]\n\n")
+                    self._write_chunk(b"")
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up
+                    self.close_connection = True
+
+            def _write_chunk(self, data: bytes):
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
 
         return Handler
 
@@ -191,6 +237,31 @@ def _completion(request: dict, reply: Reply) -> dict:
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                   "prompt_tokens_details": {"cached_tokens": cached}},
     }
+
+
+def _chunks(request: dict, reply: Reply):
+    """The completion as Chat Completions stream chunks (see the module docstring)."""
+    completion = _completion(request, reply)
+    choice, usage = completion["choices"][0], completion["usage"]
+
+    def chunk(delta: dict, finish_reason: str | None = None, **extra) -> dict:
+        return {"id": completion["id"], "object": "chat.completion.chunk", "created": completion["created"],
+                "model": completion["model"],
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], **extra}
+
+    yield chunk({"role": "assistant", "content": ""})
+    content = choice["message"]["content"] or ""
+    for start in range(0, len(content), CHUNK_CHARS):
+        yield chunk({"content": content[start:start + CHUNK_CHARS]})
+    for index, call in enumerate(choice["message"].get("tool_calls") or []):
+        yield chunk({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                     "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        arguments = call["function"]["arguments"]
+        for start in range(0, len(arguments), 4 * CHUNK_CHARS):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": arguments[start:start + 4 * CHUNK_CHARS]}}]})
+    yield chunk({}, choice["finish_reason"])
+    if (request.get("stream_options") or {}).get("include_usage"):
+        yield {**chunk({}), "choices": [], "usage": usage}
 
 
 # --- plans: a DAG of scripted agents ---------------------------------------------------------

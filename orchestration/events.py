@@ -53,18 +53,23 @@ PUBLISH_TIMEOUT_SECONDS = 5.0
 
 
 def event_publish(event: Event) -> None:
+    group_notify(event.conversation_id, {"type": "event.created", "event_id": event.pk})
+
+
+def group_notify(conversation_id: int, message: dict) -> None:
+    """Tell the conversation's open pages to read the database again (at most once: a
+    page also reads on its own, so a lost message is repaired there)."""
     layer = get_channel_layer()
     if layer is None:
         return
-    message = {"type": "event.created", "event_id": event.pk}
     try:
         if isinstance(layer, InMemoryChannelLayer):
             # Its queues belong to the consumers' loop in this process: send from there.
-            async_to_sync(layer.group_send)(group_name(event.conversation_id), message)
+            async_to_sync(layer.group_send)(group_name(conversation_id), message)
         else:
-            _publisher.run(layer.group_send(group_name(event.conversation_id), message))
-    except Exception:  # the page replays from the table; a lost push is repaired there
-        logger.warning("Could not publish event %s", event.pk, exc_info=True)
+            _publisher.run(layer.group_send(group_name(conversation_id), message))
+    except Exception:
+        logger.warning("Could not notify conversation %s of %s", conversation_id, message["type"], exc_info=True)
 
 
 class _PublisherLoop:

@@ -50,7 +50,7 @@ from orchestration.tooldefs import (
     get_skill_parameters,
     orchestrator_tools,
 )
-from orchestration.turns import turn_complete, turn_fail
+from orchestration.turns import turn_complete, turn_draft_save, turn_fail
 from skills.registry import catalogue, get_skill_tool_result
 
 logger = logging.getLogger(__name__)
@@ -187,14 +187,32 @@ async def _ask(request: _Request, token: str, provider) -> tuple[LLMResponse, in
         await db(heartbeat, Turn, request.turn.pk, token)  # stopped meanwhile: the lease is gone, no further call
 
     return await complete_retrying(
-        lambda: provider.acomplete(model=request.model, messages=request.messages, tools=request.tools),
+        lambda: provider.acomplete(model=request.model, messages=request.messages, tools=request.tools,
+                                   on_text=_DraftWriter(request.turn, token)),
         used=request.turn.llm_retries, allowed=request.limits.orchestrator_max_retries, before_retry=before_retry,
     )
 
 
+class _DraftWriter:
+    """Receives the answer as it streams and stores it for the page, at most once every
+    ASSISTANT_STREAM_INTERVAL_SECONDS: the page follows a few times a second, however
+    fast the tokens come. What arrives after the last write is in the stored answer,
+    which `_record` writes at once."""
+
+    def __init__(self, turn: Turn, token: str):
+        self.turn, self.token = turn, token
+        self.written_at = float("-inf")
+
+    async def __call__(self, text: str) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self.written_at >= settings.ASSISTANT_STREAM_INTERVAL_SECONDS:
+            self.written_at = now
+            await db(turn_draft_save, turn=self.turn, token=self.token, text=text)
+
+
 @transaction.atomic
 def _record_retry(request: _Request, token: str, retry: int, exc: LLMError, delay: float) -> None:
-    heartbeat(Turn, request.turn.pk, token, llm_retries=retry)
+    heartbeat(Turn, request.turn.pk, token, llm_retries=retry, answer_draft="")
     event_record(
         type="orchestrator.llm_retry", turn=request.turn,
         summary=f"Orchestrator call {request.iteration}: retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
@@ -213,7 +231,7 @@ def _record(request: _Request, token: str, response: LLMResponse, duration_ms: i
         response=response.to_json(), duration_ms=duration_ms, **_usage(response),
     )
     Turn.objects.filter(pk=turn.pk).update(
-        llm_iterations=F("llm_iterations") + 1,
+        llm_iterations=F("llm_iterations") + 1, answer_draft="",  # the draft is a message now
         **{k: F(k) + v for k, v in _usage(response).items()},
     )
     message_append(

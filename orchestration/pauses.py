@@ -41,7 +41,7 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
         except IntegrityError:
             return None  # already paused by a concurrent trip
         Turn.objects.filter(pk=turn.pk).update(
-            status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0,
+            status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0, answer_draft="",
             # the waiting state is re-derived on resume, from the pending tool call
         )
         event_record(type="limit.tripped", turn=turn, summary=f"Limit tripped: {trip.limit}", payload=detail | {"limit": trip.limit})

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from orchestration import dispatches as lifecycle
 from orchestration.budget import calls_in_window
-from orchestration.events import event_record
+from orchestration.events import event_record, group_notify
 from orchestration.history import message_append
 from orchestration.limits import Limits
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Message, Turn, TurnPause, TurnStatus
@@ -60,12 +60,28 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
 _BUSY = "A turn is still running in this conversation. Wait for its answer, or stop it, before sending another message."
 
 
+MAX_DRAFT_CHARS = 100_000
+
+
+def turn_draft_save(*, turn: Turn, token: str, text: str) -> None:
+    """Store the answer as far as it has streamed, and tell the turn's open pages.
+
+    Not an event: the log keeps what happened, and the stored answer is the fact; a
+    draft only shows progress (a reload shows it too). Written only while this worker
+    holds the turn, so a stopped or taken-over turn shows no stale text."""
+    if Turn.objects.filter(pk=turn.pk, lease_token=token, status=TurnStatus.RUNNING).update(
+        answer_draft=text[:MAX_DRAFT_CHARS]
+    ):
+        group_notify(turn.conversation_id, {"type": "answer.streamed", "turn_id": turn.pk})
+
+
 def _finish(turn_id: int, token: str | None, *, status: str, error: str = "") -> Turn | None:
     """Conditionally end an active turn; None if someone else ended it first."""
     qs = Turn.objects.filter(pk=turn_id, status__in=ACTIVE_TURN_STATUSES)
     if token is not None:
         qs = qs.filter(lease_token=token)
-    if not qs.update(status=status, error=error, finished_at=timezone.now(), lease_token="", lease_expires_at=None, awaiting={}):
+    if not qs.update(status=status, error=error, finished_at=timezone.now(), lease_token="", lease_expires_at=None,
+                     awaiting={}, answer_draft=""):
         return None
     return Turn.objects.select_related("conversation").get(pk=turn_id)
 

@@ -79,3 +79,20 @@ def test_wrong_password_is_refused(client, alice):
     response = client.post(reverse("login"), {"username": "alice", "password": "nope"})
     assert response.status_code == 200
     assert b"match. Please try again" in response.content
+
+
+def test_a_reload_mid_stream_shows_the_answer_so_far_sanitised(alice_client, conversation):
+    from tests.factories import turn_for
+
+    turn_for(conversation, answer_draft="Half of the **answer** <script>alert(1)</script>")
+    html = alice_client.get(conversation.get_absolute_url()).content.decode()
+    assert 'id="answer-draft"' in html and "Half of the <strong>answer</strong>" in html
+    assert "<script>alert" not in html
+
+
+def test_a_running_turn_without_a_draft_says_the_assistant_is_working(alice_client, conversation):
+    from tests.factories import turn_for
+
+    turn_for(conversation)
+    html = alice_client.get(conversation.get_absolute_url()).content.decode()
+    assert 'id="answer-draft"' in html and "The assistant is working" in html

@@ -136,3 +136,79 @@ def test_two_sockets_on_one_conversation_share_one_render(started, monkeypatch):
     newer = Event.objects.create(conversation=conversation, turn=turn, type="skill.started", summary="again")
     assert live.render_events(conversation, [newer]) != tab  # a newer event: its own row and panels
     assert rendered[3:] == ["conversations/push.html", "conversations/panels.html"]
+
+
+# --- the streamed answer (issue 15) ---------------------------------------------------------
+
+DRAFT = re.compile(r'<div id="answer-draft"[^>]*hx-swap-oob="true"[^>]*>(.*?)</div>\s*$', re.S)
+
+
+def save_draft(turn, text: str) -> None:
+    from orchestration.turns import turn_draft_save
+
+    turn.lease_token = "worker"
+    turn.save(update_fields=["lease_token"])
+    turn_draft_save(turn=turn, token="worker", text=text)
+
+
+async def next_draft(comm) -> str:
+    while True:
+        html = await comm.receive_from(timeout=3)
+        if 'id="answer-draft"' in html:
+            return html
+
+
+async def test_the_socket_pushes_the_answer_as_it_streams_and_stops_when_the_turn_ends(started, alice):
+    conversation, turn, first = started
+    await database_sync_to_async(save_draft)(turn, "Bob has")
+    comm = communicator(conversation.pk, alice, last=first.pk)
+    assert (await comm.connect())[0]
+    assert "Bob has" in await next_draft(comm)  # what arrived before the socket opened
+
+    await database_sync_to_async(save_draft)(turn, "Bob has the **list**")
+    html = await next_draft(comm)
+    assert "Bob has the <strong>list</strong>" in html and 'class="message assistant streaming"' in html
+    assert await comm.receive_nothing(timeout=0.5)  # unchanged: not sent again
+
+    def complete():
+        from orchestration.turns import turn_complete
+        from orchestration.history import message_append
+
+        answer = message_append(turn=turn, role="assistant", content="Bob has the list.")
+        turn_complete(turn_id=turn.pk, token="worker", answer=answer)
+
+    await database_sync_to_async(complete)()
+    html = await comm.receive_from(timeout=3)
+    assert "Bob has the list." in html and 'id="answer-draft"' not in html  # the message replaced it
+    assert await comm.receive_nothing(timeout=0.6)  # polls read no draft once the turn is over
+    await comm.disconnect()
+
+
+async def test_a_streamed_draft_is_sanitised_like_the_answer(started, alice):
+    conversation, turn, first = started
+    await database_sync_to_async(save_draft)(
+        turn, 'Done <script>alert(1)</script> [x](javascript:alert(2)) <img src=x onerror=alert(3)>')
+    comm = communicator(conversation.pk, alice, last=first.pk)
+    assert (await comm.connect())[0]
+    html = await next_draft(comm)
+    assert "Done" in html
+    assert "<script" not in html and "<img" not in html and 'href="javascript' not in html
+    assert not re.search(r"<[^>]*onerror", html)  # what survives is text, escaped
+    await comm.disconnect()
+
+
+async def test_another_users_socket_gets_no_draft(started, bob):
+    conversation, turn, _ = started
+    await database_sync_to_async(save_draft)(turn, "secret plans")
+    comm = communicator(conversation.pk, bob)
+    await comm.connect()
+    assert await comm.receive_output(timeout=3) == {"type": "websocket.close", "code": consumers.FORBIDDEN}
+
+
+def test_a_draft_of_a_stopped_or_taken_over_turn_is_not_written(started):
+    from orchestration.turns import turn_draft_save
+
+    conversation, turn, _ = started
+    turn_draft_save(turn=turn, token="not-the-lease", text="stale")
+    turn.refresh_from_db()
+    assert turn.answer_draft == ""

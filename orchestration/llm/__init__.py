@@ -1,7 +1,10 @@
-"""LLM providers behind one small interface: `await acomplete(model=, messages=, tools=)`."""
+"""LLM providers behind one small interface: `await acomplete(model=, messages=, tools=)`,
+and `on_text=` for a call whose text the caller wants as it is written (a provider that
+cannot stream answers whole and never calls it)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from django.conf import settings
@@ -14,7 +17,8 @@ __all__ = ["LLMError", "LLMResponse", "Provider", "ToolCall", "Usage", "get_prov
 class Provider(Protocol):
     name: str
 
-    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse: ...
+    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict],
+                        on_text: Callable[[str], Awaitable[None]] | None = None) -> LLMResponse: ...
 
 
 def get_provider() -> Provider:

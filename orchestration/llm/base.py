@@ -12,6 +12,7 @@ class LLMError(Exception):
     def __init__(self, message: str, *, transient: bool):
         super().__init__(message)
         self.transient = transient
+        self.refused_streaming = False  # a streamed request refused: ask plainly instead
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ class OfflineProvider:
         usage = Usage(prompt_tokens=len(text) // 4, completion_tokens=len(json.dumps(response.to_json())) // 4)
         return LLMResponse(response.content, response.tool_calls, "stop", usage, "offline-planner")
 
-    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse:
-        return self.complete(model=model, messages=messages, tools=tools)
+    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict], on_text=None) -> LLMResponse:
+        return self.complete(model=model, messages=messages, tools=tools)  # instant: nothing to stream
 
 
 # --- orchestrator side -------------------------------------------------------------------

@@ -11,6 +11,12 @@ retries, timeouts and errors) but reads the answer as JSON: the typed
 `chat.completions.create` walks every message of the request through its TypedDict
 transform and builds pydantic models of the answer, 1.5 ms of CPU per call with a long
 transcript, and the engine keeps neither.
+
+With `on_text` the call streams (`stream=true`, usage in the last chunk): the text is
+handed over as it grows, the tool calls are put together from their fragments, and the
+result is the same LLMResponse a plain call gives. A server that answers a streamed
+request with a plain completion is read as one; one that refuses streaming (HTTP 400 or
+422) is asked again plainly, and not asked to stream again by this process.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 import json
 import os
 import weakref
+from collections.abc import Awaitable, Callable
 from contextlib import contextmanager
 
 import httpx
@@ -26,6 +33,8 @@ import openai
 from django.conf import settings
 
 from orchestration.llm.base import LLMError, LLMResponse, ToolCall, Usage, pools_connections
+
+OnText = Callable[[str], Awaitable[None]]
 
 
 def _options() -> tuple[str | None, float, int]:
@@ -60,13 +69,100 @@ def _async_client() -> openai.AsyncOpenAI:
 class OpenAIProvider:
     name = "openai"
 
-    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse:
+    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict],
+                        on_text: OnText | None = None) -> LLMResponse:
+        body = _body(model, messages, tools)
+        if on_text is not None and _may_stream():
+            try:
+                return await _streamed(body, on_text)
+            except LLMError as exc:
+                if not exc.refused_streaming:
+                    raise
+                _streaming_refused.add(_options()[0])
         with _as_llm_errors():
-            answer = await _async_client().post(COMPLETIONS, body=_body(model, messages, tools), cast_to=httpx.Response)
+            answer = await _async_client().post(COMPLETIONS, body=body, cast_to=httpx.Response)
             return _to_response(answer.json())
 
 
 COMPLETIONS = "/chat/completions"
+
+# Endpoints (base URLs) that refused a streamed request: asked plainly from then on.
+_streaming_refused: set[str | None] = set()
+
+
+def _may_stream() -> bool:
+    return settings.ASSISTANT_LLM_STREAM and _options()[0] not in _streaming_refused
+
+
+async def _streamed(body: dict, on_text: OnText) -> LLMResponse:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with _as_llm_errors(streaming=True):
+        stream = await _async_client().post(COMPLETIONS, body=body, cast_to=object, stream=True,
+                                            stream_cls=openai.AsyncStream[object])
+        if not stream.response.headers.get("content-type", "").startswith("text/event-stream"):
+            return _to_response(json.loads(await stream.response.aread()))  # it answered plainly
+        assembled = _Assembly()
+        timeout = settings.ASSISTANT_LLM_TIMEOUT_SECONDS
+        try:
+            # The SDK's timeout covers each read of the socket; this one, a server that
+            # keeps the connection alive but sends no chunk.
+            async with asyncio.timeout(timeout) as deadline:
+                async for chunk in stream:
+                    deadline.reschedule(asyncio.get_running_loop().time() + timeout)
+                    if assembled.add(chunk):
+                        await on_text(assembled.content)
+        finally:
+            await stream.close()
+        return assembled.response()
+
+
+class _Assembly:
+    """A streamed completion put back together from its chunks (dicts, as sent)."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+        self.content = ""
+        self.calls: dict[int, dict] = {}
+        self.finish_reason = "stop"
+        self.usage: dict = {}
+        self.model = ""
+
+    def add(self, chunk) -> bool:
+        """Take one chunk in; True if it added text."""
+        if not isinstance(chunk, dict):
+            raise ValueError("a chunk is not a JSON object")
+        self.model = chunk.get("model") or self.model
+        self.usage = chunk.get("usage") or self.usage
+        added = False
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.parts.append(_text(delta["content"]))
+                added = True
+            for fragment in delta.get("tool_calls") or []:
+                self._add_call(fragment)
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        if added:
+            self.content = "".join(self.parts)
+        return added
+
+    def _add_call(self, fragment: dict) -> None:
+        call = self.calls.setdefault(fragment.get("index", len(self.calls)), {"id": "", "name": "", "arguments": []})
+        call["id"] = fragment.get("id") or call["id"]
+        function = fragment.get("function") or {}
+        call["name"] += function.get("name") or ""
+        call["arguments"].append(_text(function.get("arguments")))
+
+    def response(self) -> LLMResponse:
+        message = {"content": self.content, "tool_calls": [
+            {"id": call["id"], "function": {"name": call["name"], "arguments": "".join(call["arguments"])}}
+            for _, call in sorted(self.calls.items())
+        ]}
+        completion = {"model": self.model, "usage": self.usage,
+                      "choices": [{"message": message, "finish_reason": self.finish_reason}]}
+        return _to_response(completion)
 
 
 def _body(model: str, messages: list[dict], tools: list[dict]) -> dict:
@@ -74,10 +170,17 @@ def _body(model: str, messages: list[dict], tools: list[dict]) -> dict:
 
 
 @contextmanager
-def _as_llm_errors():
-    """The SDK's exceptions as LLMErrors that say whether trying again may help."""
+def _as_llm_errors(*, streaming: bool = False):
+    """The SDK's exceptions as LLMErrors that say whether trying again may help (and,
+    for a streamed request, whether the server refused to stream)."""
     try:
         yield
+    except (openai.BadRequestError, openai.UnprocessableEntityError) as exc:
+        error = LLMError(f"LLM error {exc.status_code}: {exc.message}", transient=False)
+        error.refused_streaming = streaming
+        raise error from exc
+    except (httpx.HTTPError, asyncio.TimeoutError) as exc:  # the stream broke off or stalled
+        raise LLMError(f"LLM stream interrupted: {exc!r}", transient=True) from exc
     except (openai.APITimeoutError, openai.APIConnectionError) as exc:
         raise LLMError(f"LLM endpoint unreachable: {exc}", transient=True) from exc
     except openai.RateLimitError as exc:
