@@ -10,6 +10,7 @@ from orchestration import dispatches as lifecycle
 from orchestration.budget import calls_in_window
 from orchestration.events import event_record, group_notify
 from orchestration.history import message_append
+from orchestration.leases import lease_until
 from orchestration.limits import Limits
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Message, Turn, TurnPause, TurnStatus
 from orchestration.tasks import enqueue_orchestrator_step
@@ -68,9 +69,11 @@ def turn_draft_save(*, turn: Turn, token: str, text: str) -> None:
 
     Not an event: the log keeps what happened, and the stored answer is the fact; a
     draft only shows progress (a reload shows it too). Written only while this worker
-    holds the turn, so a stopped or taken-over turn shows no stale text."""
+    holds the turn, so a stopped or taken-over turn shows no stale text; and it renews
+    the lease, since text arriving is proof the call is alive (a long answer can take
+    longer to write than a lease lasts)."""
     if Turn.objects.filter(pk=turn.pk, lease_token=token, status=TurnStatus.RUNNING).update(
-        answer_draft=text[:MAX_DRAFT_CHARS]
+        answer_draft=text[:MAX_DRAFT_CHARS], lease_expires_at=lease_until()
     ):
         group_notify(turn.conversation_id, {"type": "answer.streamed", "turn_id": turn.pk})
 

@@ -44,8 +44,6 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_dumps(turn_audit(turn)))
             return
-        answer = turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).exclude(content="").order_by("-seq").first()
-        self.stdout.write(answer.content if answer else f"(no answer; the turn is {turn.status})")
         self.stdout.write(self.style.NOTICE(f"\nconversation {turn.conversation_id}, turn {turn.number}: {turn.status}"))
         if turn.status == TurnStatus.PAUSED:
             self.stdout.write(f"Resume with: manage.py ask --user {user} --conversation {turn.conversation_id} --continue")
@@ -71,20 +69,57 @@ class Command(BaseCommand):
         return turn_start(conversation=conversation, text=message)
 
     def _wait(self, turn: Turn, *, timeout: float, quiet: bool) -> Turn:
-        """Follow the turn's events until it ends (or pauses), printing them as progress."""
-        last_id = 0
+        """Follow the turn until it ends (or pauses): its events on stderr as progress, its
+        answer on stdout as it streams, then the rest of it once stored (not with --json)."""
+        last_id, printed = 0, _Printed(self.stdout)
         deadline = time.monotonic() + timeout
         while True:
+            turn.refresh_from_db()
+            final = turn.status in FINAL
+            if not quiet:
+                printed.show(_answer(turn) + "\n" if final else turn.answer_draft)
             for event in Event.objects.filter(turn=turn, id__gt=last_id).order_by("id"):
                 last_id = event.pk
                 if not quiet:
+                    printed.end_line()
                     self.stderr.write(f"  {event.created_at:%H:%M:%S.%f}"[:-3] + f" {event.type:<34} {event.summary}")
-            turn.refresh_from_db()
-            if turn.status in FINAL:
+            if final:
                 return turn
             if time.monotonic() > deadline:
                 raise CommandError(f"Gave up waiting after {timeout:.0f}s; is a worker (qcluster) running?")
             time.sleep(0.2)
+
+
+def _answer(turn: Turn) -> str:
+    answer = (turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).exclude(content="")
+              .order_by("-seq").first())
+    return answer.content if answer else f"(no answer; the turn is {turn.status})"
+
+
+class _Printed:
+    """The answer on the terminal as it grows: each look prints only what is new. If the
+    text does not go on from what is printed (the call was retried), it starts afresh."""
+
+    def __init__(self, out):
+        self.out = out
+        self.text = ""
+        self.line_open = False
+
+    def show(self, text: str) -> None:
+        if not text.startswith(self.text):
+            self.end_line()
+            self.text = ""
+        if len(text) > len(self.text):
+            self.out.write(text[len(self.text):], ending="")
+            self.out.flush()
+            self.text = text
+            self.line_open = not text.endswith("\n")
+
+    def end_line(self) -> None:
+        """Before another line (an event on stderr) goes to the same terminal."""
+        if self.line_open:
+            self.out.write("")
+            self.line_open = False
 
 
 def _dumps(data) -> str:
