@@ -76,8 +76,8 @@ class Command(BaseCommand):
         while True:
             turn.refresh_from_db()
             final = turn.status in FINAL
-            if not quiet:
-                printed.show(_answer(turn) + "\n" if final else turn.answer_draft)
+            if final and not quiet:  # the answer's last part before the turn's last events
+                printed.show(_answer(turn) + "\n")
             for event in Event.objects.filter(turn=turn, id__gt=last_id).order_by("id"):
                 last_id = event.pk
                 if not quiet:
@@ -85,6 +85,8 @@ class Command(BaseCommand):
                     self.stderr.write(f"  {event.created_at:%H:%M:%S.%f}"[:-3] + f" {event.type:<34} {event.summary}")
             if final:
                 return turn
+            if not quiet:  # after the events that came before it
+                printed.show(turn.answer_draft)
             if time.monotonic() > deadline:
                 raise CommandError(f"Gave up waiting after {timeout:.0f}s; is a worker (qcluster) running?")
             time.sleep(0.2)
