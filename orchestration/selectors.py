@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from orchestration.models import AgentDispatch, Conversation, Message
+from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED
+from orchestration.models import AgentDispatch, Conversation, Event, Message
 
 
 def conversations_for(*, user) -> QuerySet[Conversation]:
@@ -54,14 +55,34 @@ def agent_graph(*, turn) -> list[dict]:
     dispatches = list(turn.dispatches.only(  # not the transcripts and contracts: pushed often
         "turn_id", "parent_id", "agent_id", "state", "outcome", "tool_calls_used", "max_tool_calls", "depends_on"))
 
+    progress = agent_progress(turn=turn)
+
     def children(parent_id):
         return [
-            {"dispatch": d, "state": display_state(d), "children": children(d.pk)}
+            {"dispatch": d, "state": display_state(d), "progress": progress.get(d.pk), "children": children(d.pk)}
             for d in dispatches
             if d.parent_id == parent_id
         ]
 
     return children(None)
+
+
+def agent_progress(*, turn) -> dict[int, dict]:
+    """Each agent's progress, from the turn's events: the model calls it has made (its
+    steps) and its latest skill call, with that call's status ("running" until it ends).
+    A light read (two payload keys, not the payloads): the graph re-renders it often."""
+    from orchestration.budget import SKILL_STARTED
+
+    progress: dict[int, dict] = {}
+    rows = (Event.objects.filter(turn=turn, dispatch__isnull=False, type__in=(AGENT_LLM_CALL, SKILL_STARTED, SKILL_FINISHED))
+            .order_by("id").values_list("dispatch_id", "type", "payload__skill", "payload__status"))
+    for dispatch_id, type_, skill, status in rows:
+        agent = progress.setdefault(dispatch_id, {"steps": 0, "skill": "", "skill_status": ""})
+        if type_ == AGENT_LLM_CALL:
+            agent["steps"] += 1
+        else:
+            agent.update(skill=skill or "", skill_status="running" if type_ == SKILL_STARTED else status or "")
+    return progress
 
 
 def display_state(dispatch) -> str:

@@ -28,7 +28,7 @@ from orchestration import dispatches as lifecycle
 from orchestration import nesting
 from orchestration.budget import reserve_skill_call
 from orchestration.delegation import can_delegate
-from orchestration.events import event_record
+from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED, event_record
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
@@ -310,6 +310,8 @@ class _Agent:
             )
         except IntegrityError:
             raise LeaseLost(f"AgentDispatch {dispatch.pk}: step {step} stored by another worker") from None
+        _step_heartbeat(dispatch, self.token)  # stopped during the call: no step shown, nothing run
+        _record_step(dispatch, step, response, duration_ms)
         return self.act(step, response)
 
     def act(self, step: int, response: LLMResponse) -> Finish | None:
@@ -367,6 +369,29 @@ class _Agent:
         AgentDispatch.objects.filter(pk=self.dispatch.pk).update(**self.progress())
 
 
+def _record_step(dispatch: AgentDispatch, step: int, response: LLMResponse, duration_ms: int) -> None:
+    """The step in the timeline, and the agent's progress in the graph (its step count)."""
+    skills = [_skill_named(call) for call in response.tool_calls]
+    doing = ", ".join(skills) if skills else f"report ({response.finish_reason})"
+    usage = response.usage
+    event_record(
+        type=AGENT_LLM_CALL, dispatch=dispatch, summary=f"{dispatch.agent_id} step {step + 1}: {doing}",
+        payload={"step": step + 1, "model": response.model or dispatch.model, "duration_ms": duration_ms,
+                 "finish_reason": response.finish_reason, "tool_calls": skills,
+                 "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                           "cached_tokens": usage.cached_tokens}},
+    )
+
+
+def _skill_named(call: ToolCall) -> str:
+    """What a tool call asks for, in a word: the skill a use_skill names, else the tool."""
+    if call.name == USE_SKILL:
+        arguments, error = load_json(call.arguments)
+        if not error and isinstance(arguments, dict) and isinstance(arguments.get("skill"), str):
+            return arguments["skill"][:100]
+    return call.name[:100]
+
+
 def _key(dispatch: AgentDispatch, step: int) -> str:
     return f"agent:{dispatch.pk}:s{step}"
 
@@ -414,7 +439,7 @@ def _use_skill(dispatch: AgentDispatch, token: str, user, call) -> str:
     def after_run(skill: str, outcome: SkillOutcome) -> None:
         status = outcome.status if outcome.ok or outcome.status != "failed" else f"failed ({outcome.error_kind})"
         event_record(
-            type="skill.finished", dispatch=dispatch,
+            type=SKILL_FINISHED, dispatch=dispatch,
             summary=f"{dispatch.agent_id} ← {skill}: {status}",
             payload={"skill": skill, "status": outcome.status, "ok": outcome.ok, "error": outcome.error,
                      "error_kind": str(outcome.error_kind or ""), "duration_ms": outcome.duration_ms,

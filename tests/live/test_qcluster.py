@@ -139,7 +139,7 @@ def test_diamond_survives_sigkill_mid_agent(llm, qcluster, alice, tmp_path):
     assert SkillExecution.objects.filter(dispatch=c, skill="email.send").count() == 1
     attempts = Event.objects.filter(dispatch=c, type="agent.subagent_attempt")
     assert [e.payload.get("reason") for e in attempts] == ["redelivered"]
-    c_events = Event.objects.filter(dispatch=c, type__startswith="agent.").order_by("id")
+    c_events = Event.objects.filter(dispatch=c, type__startswith="agent.subagent_").order_by("id")
     c_types = list(c_events.values_list("type", flat=True))
     assert c_types == ["agent.subagent_created", "agent.subagent_started", "agent.subagent_attempt",
                        "agent.subagent_waiting_for_merge", "agent.subagent_closed"]

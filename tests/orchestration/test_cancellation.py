@@ -60,7 +60,7 @@ def test_stop_mid_turn_cancels_running_and_pending_agents(llm, run_turn, alice):
     for pending in (queued, later):
         assert (pending.state, pending.outcome) == ("closed", "cancelled")
         assert pending.started_at is None
-        assert [e.type for e in Event.objects.filter(dispatch=pending, type__startswith="agent.")] == [
+        assert [e.type for e in Event.objects.filter(dispatch=pending, type__startswith="agent.subagent_")] == [
             "agent.subagent_created", "agent.subagent_closed"]
     # nothing ran for the turn after the stop: no LLM call (orchestrator or agent), no event
     assert len(llm.requests) == at_stop["requests"]
@@ -105,7 +105,7 @@ def test_a_cancelled_agent_notices_at_its_next_step(llm, run_turn, alice, monkey
     assert (worker.state, worker.outcome) == ("closed", "cancelled")
     assert list(Task.objects.values_list("title", flat=True)) == ["one"]  # the running step finished
     assert len(llm.requests) == stopped[0]  # and nobody asked the model anything more
-    assert [e.type for e in Event.objects.filter(dispatch=worker, type__startswith="agent.")] == [
+    assert [e.type for e in Event.objects.filter(dispatch=worker, type__startswith="agent.subagent_")] == [
         "agent.subagent_created", "agent.subagent_started", "agent.subagent_closed"]
 
 

@@ -30,7 +30,7 @@ def dispatch(turn, agent_id) -> AgentDispatch:
 
 
 def agent_events(dispatch_: AgentDispatch) -> list[str]:
-    return [e.type for e in Event.objects.filter(dispatch=dispatch_, type__startswith="agent.").order_by("id")]
+    return [e.type for e in Event.objects.filter(dispatch=dispatch_, type__startswith="agent.subagent_").order_by("id")]
 
 
 def answer(turn) -> str:

@@ -260,7 +260,7 @@ class DispatchLifecycle(RuleBasedStateMachine):
 
     @invariant()
     def agent_events_in_order(self):
-        types = Event.objects.filter(dispatch_id=self.pk, type__startswith="agent.").order_by("id")
+        types = Event.objects.filter(dispatch_id=self.pk, type__startswith="agent.subagent_").order_by("id")
         trail = " ".join(t.removeprefix("agent.subagent_") for t in types.values_list("type", flat=True))
         assert EVENT_ORDER.match(trail), trail
 

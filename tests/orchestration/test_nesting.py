@@ -81,7 +81,7 @@ def requests_of(llm, agent_id: str) -> list[dict]:
 
 
 def agent_events(dispatch: AgentDispatch) -> list[str]:
-    return list(Event.objects.filter(dispatch=dispatch, type__startswith="agent.").order_by("id")
+    return list(Event.objects.filter(dispatch=dispatch, type__startswith="agent.subagent_").order_by("id")
                 .values_list("type", flat=True))
 
 
