@@ -218,9 +218,6 @@ DEFAULT_MODEL_PRICES = {
     "gpt-4.1-nano": {"input": 0.10, "cached_input": 0.025, "output": 0.40},
 }
 ASSISTANT_MODEL_PRICES = {**DEFAULT_MODEL_PRICES, **env_json_object("ASSISTANT_MODEL_PRICES", {})}
-# Prices per million tokens, for the cost counters (0 = not shown).
-ASSISTANT_PRICE_PROMPT_PER_MTOK = env_float("ASSISTANT_PRICE_PROMPT_PER_MTOK", 0.15)
-ASSISTANT_PRICE_COMPLETION_PER_MTOK = env_float("ASSISTANT_PRICE_COMPLETION_PER_MTOK", 0.60)
 
 # Limits (DESIGN.md §5). orchestration/limits.py is the one place that reads them.
 ASSISTANT_LIMITS = {
