@@ -209,7 +209,8 @@ ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = env_float("ASSISTANT_LLM_RETRY_BACKOFF_SEC
 # (they are part of the prompt tokens; without it they cost `input`). A dated snapshot
 # (gpt-4o-mini-2024-07-18) takes its model's price. ASSISTANT_MODEL_PRICES, a JSON object
 # of the same shape, adds models or replaces these entries: '{"my-model": {"input": 0.2,
-# "output": 0.8}}'. A model without a price has no cost shown, and the pages say so.
+# "output": 0.8}}'. A model without a price shows no cost: never a guess, and a total
+# that mixes priced and unpriced calls says "at least" and names them.
 DEFAULT_MODEL_PRICES = {
     "gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.60},
     "gpt-4o": {"input": 2.50, "cached_input": 1.25, "output": 10.00},
