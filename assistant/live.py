@@ -193,5 +193,6 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
     if "pause" in panels:
         context["answered_pauses"] = selectors.answered_pauses(conversation=conversation)
     if "graph" in panels:
-        context.update(graph=selectors.agent_graph(turn=latest) if latest else [], graph_turn=latest)
+        graph, graph_spend = selectors.agent_graph(turn=latest) if latest else ([], None)
+        context.update(graph=graph, graph_spend=graph_spend, graph_turn=latest)
     return context

@@ -12,7 +12,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from assistant.databases import channel_layers_from_url, database_from_url
-from assistant.env import env_bool, env_float, env_int, env_list, env_str
+from assistant.env import env_bool, env_float, env_int, env_json_object, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("ASSISTANT_VAR_DIR", str(BASE_DIR / "var")))
@@ -209,9 +209,21 @@ ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = env_float("ASSISTANT_LLM_RETRY_BACKOFF_SEC
 ASSISTANT_LLM_STREAM = env_bool("ASSISTANT_LLM_STREAM", True)
 # How often, at most, the streamed answer so far is stored and pushed to the page.
 ASSISTANT_STREAM_INTERVAL_SECONDS = env_float("ASSISTANT_STREAM_INTERVAL_SECONDS", 0.25, minimum=0)
-# Prices per million tokens, for the cost counters (0 = not shown).
-ASSISTANT_PRICE_PROMPT_PER_MTOK = env_float("ASSISTANT_PRICE_PROMPT_PER_MTOK", 0.15)
-ASSISTANT_PRICE_COMPLETION_PER_MTOK = env_float("ASSISTANT_PRICE_COMPLETION_PER_MTOK", 0.60)
+# What each model call costs (orchestration/pricing.py): US dollars per million tokens,
+# per model. `cached_input` prices the prompt tokens the provider served from its cache
+# (they are part of the prompt tokens; without it they cost `input`). A dated snapshot
+# (gpt-4o-mini-2024-07-18) takes its model's price. ASSISTANT_MODEL_PRICES, a JSON object
+# of the same shape, adds models or replaces these entries: '{"my-model": {"input": 0.2,
+# "output": 0.8}}'. A model without a price shows no cost: never a guess, and a total
+# that mixes priced and unpriced calls says "at least" and names them.
+DEFAULT_MODEL_PRICES = {
+    "gpt-4o-mini": {"input": 0.15, "cached_input": 0.075, "output": 0.60},
+    "gpt-4o": {"input": 2.50, "cached_input": 1.25, "output": 10.00},
+    "gpt-4.1": {"input": 2.00, "cached_input": 0.50, "output": 8.00},
+    "gpt-4.1-mini": {"input": 0.40, "cached_input": 0.10, "output": 1.60},
+    "gpt-4.1-nano": {"input": 0.10, "cached_input": 0.025, "output": 0.40},
+}
+ASSISTANT_MODEL_PRICES = {**DEFAULT_MODEL_PRICES, **env_json_object("ASSISTANT_MODEL_PRICES", {})}
 
 # Limits (DESIGN.md §5). orchestration/limits.py is the one place that reads them.
 ASSISTANT_LIMITS = {

@@ -91,7 +91,8 @@ def turn_stop_view(request, conversation, turn_id: int):
 def conversation_audit(request, conversation):
     turns = conversation.turns.prefetch_related("dispatches__skill_executions", "pauses")
     trail = [audit.turn_audit(turn) for turn in turns]
-    return render(request, "conversations/audit.html", {"conversation": conversation, "turns": trail})
+    usage = selectors.conversation_usage(conversation=conversation)
+    return render(request, "conversations/audit.html", {"conversation": conversation, "turns": trail, "usage": usage})
 
 
 @require_GET

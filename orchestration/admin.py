@@ -21,6 +21,8 @@ from orchestration.models import (
     Turn,
     TurnPause,
 )
+from orchestration.pricing import format_usd
+from orchestration.usage import turn_spend
 
 
 def admin_link(obj, label: str | None = None) -> str:
@@ -110,9 +112,15 @@ class ChildDispatchInline(DispatchInline):
     verbose_name_plural = "nested dispatches"
 
 
-class LLMCallInline(ReadOnlyInline):
+class CallCostMixin:
+    @admin.display(description="cost", ordering="cost_usd", empty_value="no price")
+    def cost(self, obj):
+        return format_usd(obj.cost_usd) or None
+
+
+class LLMCallInline(CallCostMixin, ReadOnlyInline):
     model = LLMCall
-    fields = ["key", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "duration_ms"]
+    fields = ["key", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost", "duration_ms"]
     readonly_fields = fields
 
 
@@ -152,8 +160,13 @@ class TurnAdmin(EventLinksMixin, AuditAdmin):
     list_filter = ["status", "started_at", "conversation__owner"]
     search_fields = ["conversation__title", "conversation__owner__username", "messages__content"]
     date_hierarchy = "started_at"
-    readonly_fields = ["events_link", "started_at", "finished_at"]
+    readonly_fields = ["usage", "events_link", "started_at", "finished_at"]
     inlines = [PauseInline, DispatchInline, LLMCallInline]
+
+    @admin.display(description="tokens and cost")
+    def usage(self, obj):
+        spend = turn_spend(obj)
+        return f"{spend.total.summary()} (the orchestrator: {spend.orchestrator.summary()})"
 
     @admin.display(ordering="conversation__owner__username")
     def owner(self, obj):
@@ -170,8 +183,14 @@ class AgentDispatchAdmin(EventLinksMixin, AuditAdmin):
     list_filter = ["state", "outcome", "profile_name", "created_at", "turn__conversation__owner"]
     search_fields = ["agent_id", "mission", "result", "turn__conversation__title"]
     date_hierarchy = "created_at"
-    readonly_fields = ["events_link", "turn_link", "parent_link", "created_at"]
+    readonly_fields = ["usage", "events_link", "turn_link", "parent_link", "created_at"]
     inlines = [SkillExecutionInline, ChildDispatchInline, LLMCallInline]
+
+    @admin.display(description="tokens and cost")
+    def usage(self, obj):
+        spend = turn_spend(obj.turn)
+        own, total = spend.agent(obj.pk), spend.agent_total(obj.pk)
+        return own.summary() + (f"; with the agents it delegated to: {total.summary()}" if total != own else "")
 
     @admin.display(description="turn")
     def turn_link(self, obj):
@@ -225,8 +244,8 @@ class EventAdmin(StaffCanViewMixin, admin.ModelAdmin):
 
 
 @admin.register(LLMCall)
-class LLMCallAdmin(AuditAdmin):
-    list_display = ["id", "key", "turn", "dispatch", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "duration_ms", "created_at"]
+class LLMCallAdmin(CallCostMixin, AuditAdmin):
+    list_display = ["id", "key", "turn", "dispatch", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost", "duration_ms", "created_at"]
     list_filter = ["model", "created_at"]
     search_fields = ["key"]
     date_hierarchy = "created_at"

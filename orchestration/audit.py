@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from orchestration.limits import Limits
 from orchestration.models import AgentDispatch, Conversation, Turn
+from orchestration.usage import TurnSpend, conversation_spend, turn_spend
 
 
 def _iso(value):
@@ -23,7 +24,9 @@ def execution_tree(executions: list, parent_id=None) -> list[dict]:
     ]
 
 
-def dispatch_tree(dispatches: list[AgentDispatch], parent_id=None) -> list[dict]:
+def dispatch_tree(dispatches: list[AgentDispatch], spend: TurnSpend, parent_id=None) -> list[dict]:
+    """Each dispatch with its own usage and cost, and (`usage_with_children`) with those of
+    the agents it delegated to, theirs included."""
     return [
         {
             "id": d.pk, "agent_id": d.agent_id, "state": d.state, "outcome": d.outcome,
@@ -32,12 +35,11 @@ def dispatch_tree(dispatches: list[AgentDispatch], parent_id=None) -> list[dict]
             "close_reason": d.close_reason, "result": d.result, "error": d.error,
             "tool_calls_used": d.tool_calls_used, "max_tool_calls": d.max_tool_calls,
             "attempts": d.attempts, "retries": d.retries, "contract": d.contract,
-            "usage": {"llm_calls": d.llm_calls, "prompt_tokens": d.prompt_tokens,
-                      "completion_tokens": d.completion_tokens, "cached_tokens": d.cached_tokens},
+            "usage": spend.agent(d.pk).to_json(), "usage_with_children": spend.agent_total(d.pk).to_json(),
             "created_at": _iso(d.created_at), "started_at": _iso(d.started_at),
             "finished_at": _iso(d.finished_at), "closed_at": _iso(d.closed_at), "duration_ms": d.duration_ms,
             "skill_executions": execution_tree(list(d.skill_executions.all())),
-            "children": dispatch_tree(dispatches, d.pk),
+            "children": dispatch_tree(dispatches, spend, d.pk),
         }
         for d in dispatches
         if d.parent_id == parent_id
@@ -50,7 +52,10 @@ TYPICAL_ORCHESTRATOR_CALLS = 3
 
 
 def turn_audit(turn: Turn) -> dict:
+    """The turn's tree; `usage` is the whole turn's (the orchestrator's and every agent's
+    model calls), costs as exact decimal strings, null where no call had a price."""
     dispatches = list(turn.dispatches.prefetch_related("skill_executions"))
+    spend = turn_spend(turn, dispatches)
     return {
         "id": turn.pk, "number": turn.number, "status": turn.status, "error": turn.error,
         "started_at": _iso(turn.started_at), "finished_at": _iso(turn.finished_at),
@@ -59,14 +64,13 @@ def turn_audit(turn: Turn) -> dict:
                      "llm_iterations": turn.llm_iterations,
                      "llm_iterations_allowed": Limits.from_json(turn.limits).turn_max_llm_iterations,
                      "llm_iterations_typical": TYPICAL_ORCHESTRATOR_CALLS},
-        "usage": {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
-                  "cached_tokens": turn.cached_tokens},
+        "usage": spend.total.to_json(), "orchestrator_usage": spend.orchestrator.to_json(),
         "pauses": [
             {"limit": p.limit, "tripped_at": _iso(p.tripped_at), "detail": p.detail, "decision": p.decision,
              "decided_by": p.decided_by.get_username() if p.decided_by else None, "decided_at": _iso(p.decided_at)}
             for p in turn.pauses.select_related("decided_by")
         ],
-        "dispatches": dispatch_tree(dispatches),
+        "dispatches": dispatch_tree(dispatches, spend),
         "events": [
             {"id": e.pk, "type": e.type, "summary": e.summary, "dispatch": e.dispatch_id,
              "created_at": _iso(e.created_at), "payload": e.payload}
@@ -79,6 +83,7 @@ def conversation_audit(conversation: Conversation) -> dict:
     return {
         "id": conversation.pk, "title": conversation.title, "owner": conversation.owner.get_username(),
         "created_at": _iso(conversation.created_at),
+        "usage": conversation_spend(conversation).to_json(),
         "messages": [
             {"seq": m.seq, "role": m.role, "content": m.content, "tool_calls": m.tool_calls,
              "tool_call_id": m.tool_call_id, "turn": m.turn_id, "created_at": _iso(m.created_at)}

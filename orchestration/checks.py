@@ -1,9 +1,11 @@
-"""System checks for settings that are valid alone but dangerous together."""
+"""System checks for settings that are valid alone but dangerous together, or malformed."""
 
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.checks import Warning, register
+from django.core.checks import Error, Warning, register
+
+from orchestration.pricing import price_table_problems
 
 
 @register()
@@ -20,4 +22,17 @@ def lease_outlasts_a_step(app_configs=None, **kwargs):
             "ASSISTANT_LLM_MAX_RETRIES: otherwise the reaper may hand a live agent to a second worker.",
             id="orchestration.W001",
         )
+    ]
+
+
+@register()
+def model_prices_are_a_price_table(app_configs=None, **kwargs):
+    return [
+        Error(
+            f"ASSISTANT_MODEL_PRICES: {problem}.",
+            hint='Prices are US dollars per million tokens, e.g. {"my-model": {"input": 0.4, '
+            '"cached_input": 0.1, "output": 1.6}} (cached_input is optional).',
+            id="orchestration.E001",
+        )
+        for problem in price_table_problems(settings.ASSISTANT_MODEL_PRICES)
     ]

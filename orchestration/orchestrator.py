@@ -35,6 +35,7 @@ from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
 from orchestration.pauses import turn_pause
+from orchestration.pricing import call_cost
 from orchestration.prompts import orchestrator_system_prompt
 from orchestration import runner
 from orchestration.retries import complete_retrying
@@ -229,6 +230,7 @@ def _record(request: _Request, token: str, response: LLMResponse, duration_ms: i
     LLMCall.objects.create(
         turn=turn, key=f"orchestrator:{iteration}", model=response.model or model,
         response=response.to_json(), duration_ms=duration_ms, **_usage(response),
+        cost_usd=call_cost(response.model or model, response.usage),
     )
     Turn.objects.filter(pk=turn.pk).update(
         llm_iterations=F("llm_iterations") + 1, answer_draft="",  # the draft is a message now

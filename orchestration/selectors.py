@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED
-from orchestration.models import AgentDispatch, Conversation, Event, Message
+from orchestration.models import Conversation, Event, Message
+from orchestration.usage import Spend, TurnSpend, conversation_spend, turn_spend
 
 
 def conversations_for(*, user) -> QuerySet[Conversation]:
@@ -50,21 +51,24 @@ def answered_pauses(*, conversation: Conversation):
     )
 
 
-def agent_graph(*, turn) -> list[dict]:
-    """The turn's dispatches as a tree: each node with its state and its children."""
+def agent_graph(*, turn) -> tuple[list[dict], TurnSpend]:
+    """The turn's dispatches as a tree: each node with its state, its children and its
+    spend with theirs (what delegating it cost); and the turn's spend."""
     dispatches = list(turn.dispatches.only(  # not the transcripts and contracts: pushed often
         "turn_id", "parent_id", "agent_id", "state", "outcome", "tool_calls_used", "max_tool_calls", "depends_on"))
+    spend = turn_spend(turn, dispatches)
 
     progress = agent_progress(turn=turn)
 
     def children(parent_id):
         return [
-            {"dispatch": d, "state": display_state(d), "progress": progress.get(d.pk), "children": children(d.pk)}
+            {"dispatch": d, "state": display_state(d), "spend": spend.agent_total(d.pk), "progress": progress.get(d.pk),
+             "children": children(d.pk)}
             for d in dispatches
             if d.parent_id == parent_id
         ]
 
-    return children(None)
+    return children(None), spend
 
 
 def agent_progress(*, turn) -> dict[int, dict]:
@@ -94,23 +98,10 @@ def display_state(dispatch) -> str:
     return dispatch.state
 
 
-def conversation_usage(*, conversation: Conversation) -> dict:
-    from django.conf import settings
-    from django.db.models import Sum
-
-    fields = {"prompt": Sum("prompt_tokens"), "completion": Sum("completion_tokens"), "cached": Sum("cached_tokens")}
-    totals = conversation.turns.aggregate(**fields)
-    # An agent's usage reaches its turn when it ends (in the same transaction that sets
-    # finished_at); until then its row holds it, as of its last step.
-    running = AgentDispatch.objects.filter(turn__conversation=conversation, finished_at__isnull=True).aggregate(**fields)
-    totals = {key: (totals[key] or 0) + (running[key] or 0) for key in fields}
-    prompt, completion = totals["prompt"], totals["completion"]
-    cost = (
-        prompt * settings.ASSISTANT_PRICE_PROMPT_PER_MTOK
-        + completion * settings.ASSISTANT_PRICE_COMPLETION_PER_MTOK
-    ) / 1_000_000
-    return {"prompt": prompt, "completion": completion, "cached": totals["cached"],
-            "total": prompt + completion, "cost": cost}
+def conversation_usage(*, conversation: Conversation) -> Spend:
+    """The counters panel's tokens and cost: every model call of the conversation so far,
+    an agent's as soon as it is made (not only when the agent ends)."""
+    return conversation_spend(conversation)
 
 
 def timeline(*, conversation: Conversation):

@@ -34,6 +34,7 @@ from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
 from orchestration.pauses import turn_pause
+from orchestration.pricing import call_cost
 from orchestration.prompts import agent_system_prompt, agent_task_message
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
@@ -306,7 +307,7 @@ class _Agent:
                 turn_id=dispatch.turn_id, dispatch=dispatch, key=_key(dispatch, step),
                 model=response.model or dispatch.model, response=response.to_json(), duration_ms=duration_ms,
                 prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                cached_tokens=usage.cached_tokens,
+                cached_tokens=usage.cached_tokens, cost_usd=call_cost(response.model or dispatch.model, usage),
             )
         except IntegrityError:
             raise LeaseLost(f"AgentDispatch {dispatch.pk}: step {step} stored by another worker") from None

@@ -1,9 +1,11 @@
 """A staff auditor can follow one turn end to end in the admin; only superusers edit."""
 
+from decimal import Decimal
+
 import pytest
 from django.urls import reverse
 
-from orchestration.models import Event, SkillExecution
+from orchestration.models import Event, LLMCall, SkillExecution
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 
@@ -96,3 +98,21 @@ def test_non_staff_cannot_open_admin(client, alice, trail):
     client.force_login(alice)
     response = client.get(change_url(trail["turn"]))
     assert response.status_code == 302
+
+
+def test_staff_read_each_calls_cost_and_a_dispatchs_with_its_nested_ones(client, staff, trail):
+    turn, parent, child = trail["turn"], trail["parent"], trail["child"]
+    LLMCall.objects.create(turn=turn, key="orchestrator:1", model="gpt-4o-mini", prompt_tokens=900,
+                           completion_tokens=100, cost_usd=Decimal("0.000195"))
+    LLMCall.objects.create(turn=turn, dispatch=parent, key="search:0", model="gpt-4o-mini", prompt_tokens=400,
+                           completion_tokens=50, cost_usd=Decimal("0.00009"))
+    LLMCall.objects.create(turn=turn, dispatch=child, key="search-sub:0", model="llama3", prompt_tokens=300,
+                           completion_tokens=20, cost_usd=None)
+    client.force_login(staff)
+    calls = client.get(reverse("admin:orchestration_llmcall_changelist")).content.decode()
+    assert "$0.0002" in calls and "&lt;$0.0001" in calls and "no price" in calls
+    page = client.get(change_url(parent)).content.decode()
+    assert ("450 tokens · &lt;$0.0001; with the agents it delegated to: 770 tokens · at least &lt;$0.0001 "
+            "(cost unknown: 1 call of llama3 has no price)") in page
+    page = client.get(change_url(turn)).content.decode()
+    assert "1770 tokens · at least $0.0003 (cost unknown: 1 call of llama3 has no price)" in page

@@ -2,6 +2,7 @@ from django import template
 from django.utils.safestring import mark_safe
 
 from assistant.rendering import render_markdown
+from orchestration.usage import Spend
 
 register = template.Library()
 
@@ -12,3 +13,20 @@ def markdown(text: str) -> str:
     # bandit B308/B703 (mark_safe): the HTML is nh3's output from an allow-list of tags,
     # attributes and URL schemes, tested in tests/web/test_rendering.py.
     return mark_safe(render_markdown(text))  # noqa: S308  # nosec
+
+
+def _spend(value) -> Spend:
+    """Pages get a Spend; the audit view gets its JSON form (the export's)."""
+    return value if isinstance(value, Spend) else Spend.from_json(value or {})
+
+
+@register.filter
+def cost(value) -> str:
+    """A spend's cost as every page shows it ("$0.0123", "" when nothing had a price)."""
+    return _spend(value).cost_text()
+
+
+@register.filter
+def spend(value) -> str:
+    """A spend's tokens and cost: "1234 tokens · $0.0123"."""
+    return _spend(value).summary()

@@ -80,6 +80,10 @@ def test_a_turn_is_seen_live_without_a_reload(servers, visit, alice, llm, reques
     expect(page.locator("#send-button")).to_be_visible()
     expect(page.locator("#composer textarea")).to_be_enabled()
     expect(page.locator("#counters")).to_contain_text(re.compile(r"\b[1-9]\d* tokens"))
+    # what each agent and the turn cost, pushed live (gpt-4o-mini is priced)
+    expect(page.locator("#counters")).to_contain_text(re.compile(r"<?\$0\.\d{4}"))
+    expect(node(page, "calendar").locator("> .spend")).to_have_text(re.compile(r"^· [1-9]\d* tokens · <?\$0\.\d{4}$"))
+    expect(page.locator("#turn-spend")).to_have_text(re.compile(r"^[1-9]\d* tokens · <?\$0\.\d{4}$"))
 
     turn = wait_turn(conversation_id, site)
     assert turn.status == "completed", turn.error
