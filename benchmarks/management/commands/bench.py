@@ -1,7 +1,9 @@
 """Benchmark the engine against a latency-simulating LLM server and a real qcluster.
 
 Run it on a scratch database (it creates users, conversations and turns):
-`make bench` does, for the embedded default and for PostgreSQL + Redis.
+`make bench` does, for the embedded default and for PostgreSQL + Redis. The `tokens`
+section (benchmarks/tokens.py) runs the seed example inline in this process, in a few
+seconds: `manage.py bench --workloads tokens` runs only that, without daphne or a qcluster.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
@@ -22,15 +25,19 @@ from benchmarks.llm_server import ScriptedLLM
 from benchmarks.load import Daphne
 from benchmarks.processes import Cluster, production_env
 from benchmarks.runner import median_run, now_label, queries_per_agent_step, run_workload
+from benchmarks.tokens import seed_example_figures
+from benchmarks.tokens import table as tokens_table
 from benchmarks.workloads import WORKLOADS
+
+TOKENS = "tokens"  # a section, not a timed workload: the seed example's token economy
 
 
 class Command(BaseCommand):
     help = ("Measure makespan against the bound, agents in flight, hand-offs, LLM requests, CPU, memory "
-            "and SQL per step.")
+            "and SQL per step; and the seed example's prompt tokens per call (tokens).")
 
     def add_arguments(self, parser):
-        parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+        parser.add_argument("--workloads", nargs="+", default=[*WORKLOADS, TOKENS], choices=[*WORKLOADS, TOKENS])
         parser.add_argument("--latency", nargs="+", type=int, default=[100, 300, 2000], help="LLM latency, ms.")
         parser.add_argument("--workers", type=int, default=settings.Q_WORKERS)
         parser.add_argument("--second-cluster", action=argparse.BooleanOptionalAction, default=True,
@@ -39,11 +46,13 @@ class Command(BaseCommand):
         parser.add_argument("--repeat", type=int, default=3,
                             help="Runs of each one-turn workload; the run with the median ratio is reported.")
         parser.add_argument("--output", default="bench-results/results.json")
+        parser.add_argument("--tokens-output", default="bench-results/tokens.json")
         parser.add_argument("--force", action="store_true", help="Run on a database not named *bench*.")
         parser.add_argument("--plot", nargs="*", metavar="RESULTS_JSON",
                             help="Only draw docs/bench.png from these result files (no run).")
 
-    def handle(self, *args, workloads, latency, workers, second_cluster, repeat, output, force, plot, **options):
+    def handle(self, *args, workloads, latency, workers, second_cluster, repeat, output, tokens_output, force, plot,
+               **options):
         if plot is not None:
             from benchmarks.plot import plot as draw
 
@@ -56,6 +65,25 @@ class Command(BaseCommand):
                                "scratch database whose name contains 'bench' (make bench does), or pass --force.")
         setup = ("PostgreSQL" if connection.vendor == "postgresql" else "SQLite") + (
             " + Redis" if settings.REDIS_URL else " (embedded)")
+        timed = [w for w in workloads if w in WORKLOADS]
+        if timed:
+            self._timed(timed, latency, workers, second_cluster, repeat, output, setup)
+        if TOKENS in workloads:
+            self._tokens(tokens_output, setup)
+
+    def _tokens(self, output: str, setup: str) -> None:
+        user = get_user_model().objects.create_user(  # a fresh one: no meeting from an earlier run overlaps
+            username=f"bench-tokens-{get_user_model().objects.filter(username__startswith='bench-tokens-').count() + 1}",
+            email="bench-tokens@example.com")
+        figures = seed_example_figures(user=user)
+        self.stdout.write(tokens_table(figures))
+        report = {"measured_at": now_label(), "machine": _machine(), "setup": setup, **figures.as_dict()}
+        path = Path(output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2, ensure_ascii=False))
+        self.stdout.write(self.style.SUCCESS(f"Wrote {path}"))
+
+    def _timed(self, workloads, latency, workers, second_cluster, repeat, output, setup) -> None:
         server = ScriptedLLM().start()
         env = {"ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "bench",
                "ASSISTANT_LLM_MAX_RETRIES": "0", "Q_LOG_LEVEL": "INFO", **production_env()}
