@@ -64,6 +64,7 @@ def test_a_turn_is_seen_live_without_a_reload(servers, visit, alice, llm, reques
     expect(page.locator("#composer-note")).to_contain_text("you can send the next message when it has finished")
     calendar = node(page, "calendar")
     expect(calendar.locator("> .state")).to_have_text("running")
+    expect(calendar.locator("> .progress")).to_contain_text(re.compile(r"step \d: (asking the model|running)"))
     expect(node(page, "notes").locator("> .state")).to_have_text("created")  # waits for calendar and tasks
     expect(node(page, "notes")).to_contain_text("after calendar, tasks")
     rows_while_running = len(alice_tab.event_ids())
@@ -77,6 +78,7 @@ def test_a_turn_is_seen_live_without_a_reload(servers, visit, alice, llm, reques
     expect(page.locator("#messages .message.assistant strong")).to_have_text("Your week")
     for agent_id in ("calendar", "tasks", "notes"):
         expect(node(page, agent_id).locator("> .state")).to_have_text("completed")
+        expect(node(page, agent_id).locator("> .progress")).to_contain_text("2 steps; last")
     expect(page.locator("#send-button")).to_be_visible()
     expect(page.locator("#composer textarea")).to_be_enabled()
     expect(page.locator("#counters")).to_contain_text(re.compile(r"\b[1-9]\d* tokens"))
