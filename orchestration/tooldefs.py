@@ -45,7 +45,7 @@ def dispatch_agent_parameters(*, profile_names: list[str], max_tool_calls_cap: i
             "minItems": 1,
             "maxItems": 20,
             "uniqueItems": True,
-            "description": "Exact skill names (from get_skill) the agent may use.",
+            "description": "Exact skill names (from the catalogue) the agent may use.",
         },
         "context": {"type": "string", "maxLength": 8000},
         "depends_on": {
