@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from django.utils import timezone
+
 from orchestration.limits import Limits
 from orchestration.models import AgentDispatch, Conversation, Turn
 
 
 def _iso(value):
-    return value.isoformat() if value else None
+    """In the active time zone (the viewer's on a page, the owner's in `manage.py ask`),
+    with its offset: the same instant, on the reader's clock."""
+    return timezone.localtime(value).isoformat() if value else None
 
 
 def execution_tree(executions: list, parent_id=None) -> list[dict]:
