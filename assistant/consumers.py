@@ -28,8 +28,10 @@ from channels.db import DatabaseSyncToAsync
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.db import close_old_connections
+from django.utils import timezone
 
 from assistant.live import Cursor, render_draft, render_events, resume_floor, turn_running
+from assistant.preferences import user_time_zone
 from orchestration.events import group_name
 from orchestration.models import Conversation
 
@@ -139,4 +141,7 @@ def _turn_running(conversation_id: int) -> bool:
 
 @_pooled
 def _render_new(conversation: Conversation, cursor: Cursor) -> str:
-    return render_events(conversation, cursor.new_events(conversation.pk)) + render_draft(conversation, cursor)
+    """In the owner's time zone, as their pages are (no request here: no middleware).
+    Read once per socket: the owner and their preferences stay cached on it."""
+    with timezone.override(user_time_zone(conversation.owner)):
+        return render_events(conversation, cursor.new_events(conversation.pk)) + render_draft(conversation, cursor)

@@ -167,11 +167,13 @@ def render_events(conversation: Conversation, events: list[Event]) -> str:
     """The fragments for `events`, followed by the state panels they can have changed."""
     if not events:
         return ""
-    # Keyed by id and time: an id alone can come back after a rollback (tests, SQLite).
-    parts = [_rendered.get(("event", event.pk, event.created_at), lambda event=event: render_to_string(
+    # Keyed by id and time: an id alone can come back after a rollback (tests, SQLite);
+    # and by the active time zone, which the times in the HTML are shown in.
+    zone = timezone.get_current_timezone_name()
+    parts = [_rendered.get(("event", event.pk, event.created_at, zone), lambda event=event: render_to_string(
         "conversations/push.html", {"event": event})) for event in events]
     panels, newest = panels_for(events), events[-1]
-    parts.append(_rendered.get(("panels", conversation.pk, newest.pk, newest.created_at, panels),
+    parts.append(_rendered.get(("panels", conversation.pk, newest.pk, newest.created_at, panels, zone),
                                lambda: render_to_string("conversations/panels.html", panel_context(conversation, panels))))
     return "".join(parts)
 

@@ -1,10 +1,15 @@
-"""Content-Security-Policy (Django 5.2 has none built in).
+"""Per-request middleware: the user's time zone, and a Content-Security-Policy.
 
-Scripts only from our own origin — no inline script, no eval — so even HTML that
-slipped past the sanitiser could not run code. WebSockets to our own host only.
+CSP (Django 5.2 has none built in): scripts only from our own origin — no inline
+script, no eval — so even HTML that slipped past the sanitiser could not run code.
+WebSockets to our own host only.
 """
 
 from __future__ import annotations
+
+from django.utils import timezone
+
+from assistant.preferences import stored_time_zone
 
 POLICY = "; ".join(
     [
@@ -33,3 +38,18 @@ class ContentSecurityPolicyMiddleware:
         else:
             response.setdefault("Content-Security-Policy", POLICY)
         return response
+
+
+class TimeZoneMiddleware:
+    """Pages show (and forms read) times in the logged-in user's zone; without one yet,
+    in the server's, and `request.detect_time_zone` asks the page to let the browser
+    report it (templates/base.html, static/js/timezone.js). After AuthenticationMiddleware."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        name = stored_time_zone(request.user)
+        request.detect_time_zone = request.user.is_authenticated and not name
+        with timezone.override(name or None):  # None: settings.TIME_ZONE
+            return self.get_response(request)

@@ -25,6 +25,7 @@ urlpatterns = [
         views.conversation_export,
         name="conversation_export",
     ),
+    path("preferences/time-zone/", views.time_zone_set, name="time_zone_set"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", views.healthz, name="healthz"),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.html import escape
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant.decorators import audited_conversation, owned_conversation
 from assistant.live import panel_context, replay_floor
+from assistant.preferences import InvalidTimeZone, preferences_time_zone_set, time_zone_names, user_time_zone
 from orchestration import audit
 from orchestration import selectors, services
 from orchestration.pauses import AlreadyAnswered, turn_continue
@@ -21,7 +22,25 @@ from orchestration.turns import TurnRefused, turn_start, turn_stop
 @login_required
 def conversation_list(request):
     conversations = selectors.conversations_for(user=request.user)
-    return render(request, "conversations/list.html", {"conversations": conversations})
+    return render(request, "conversations/list.html", {
+        "conversations": conversations, "time_zone": user_time_zone(request.user), "time_zones": time_zone_names()})
+
+
+@require_POST
+@login_required
+def time_zone_set(request):
+    """The user's own time zone, from the conversation list's picker (a plain form: back
+    to that page, now in the new zone) or reported by the browser on a first visit
+    (`detected`: fills a blank one only; 204, the page stays as it is)."""
+    detected = bool(request.POST.get("detected"))
+    try:
+        preferences_time_zone_set(user=request.user, time_zone=request.POST.get("time_zone", ""),
+                                  only_if_unset=detected)
+    except InvalidTimeZone as exc:
+        return HttpResponseBadRequest(str(exc), content_type="text/plain; charset=utf-8")
+    if detected:
+        return HttpResponse(status=204)
+    return redirect("conversation_list")
 
 
 @require_POST

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from django.utils import timezone
+
 from orchestration.limits import Limits
 from orchestration.models import AgentDispatch, Conversation, Turn
 from orchestration.usage import TurnSpend, conversation_spend, turn_spend
 
 
 def _iso(value):
-    return value.isoformat() if value else None
+    """In the active time zone (the viewer's on a page, the owner's in `manage.py ask`),
+    with its offset: the same instant, on the reader's clock."""
+    return timezone.localtime(value).isoformat() if value else None
 
 
 def execution_tree(executions: list, parent_id=None) -> list[dict]:

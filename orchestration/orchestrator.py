@@ -36,7 +36,7 @@ from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
 from orchestration.pauses import turn_pause
 from orchestration.pricing import call_cost
-from orchestration.prompts import orchestrator_system_prompt
+from orchestration.prompts import orchestrator_system_prompt, user_local_time
 from orchestration import runner
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
@@ -172,7 +172,8 @@ def _last_seq(turn: Turn) -> int:
 def _request_for(turn: Turn, limits: Limits) -> _Request:
     profiles = profiles_by_name()
     prompt = orchestrator_system_prompt(
-        catalogue=catalogue(), profiles=[{"name": p.name, "description": p.description} for p in profiles.values()]
+        catalogue=catalogue(), profiles=[{"name": p.name, "description": p.description} for p in profiles.values()],
+        local_time=user_local_time(turn),
     )
     tools = orchestrator_tools(
         profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap

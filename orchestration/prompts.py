@@ -3,7 +3,11 @@ endpoint with prompt caching can reuse it; what varies (profiles, the date) come
 
 from __future__ import annotations
 
-from django.utils import timezone
+import zoneinfo
+
+from django.conf import settings
+
+DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 ORCHESTRATOR_STATIC = """\
 You are the orchestrator of a personal assistant. You never use skills yourself: you
@@ -34,9 +38,22 @@ done), reply with a short plain-text report of what you did and found, including
 records you created. Tool results are JSON; an "ok": false result explains what to fix."""
 
 
-def orchestrator_system_prompt(*, catalogue: str, profiles: list[dict]) -> str:
+def user_local_time(turn) -> str:
+    """When the user asked, on their clock: the turn's start in the turn's zone.
+
+    Fixed for the turn, so every call of it sends the same system prompt (a cacheable
+    prefix), and a model reads "tomorrow" as the user's tomorrow, whatever the date is
+    in UTC or on the server. Names no English weekday by locale (strftime's %A would)."""
+    name = turn.time_zone or settings.TIME_ZONE
+    local = turn.started_at.astimezone(zoneinfo.ZoneInfo(name))
+    offset = local.strftime("%z")
+    return (f"The user's local time: {DAYS[local.weekday()]} {local:%Y-%m-%d %H:%M} "
+            f"({name}, UTC{offset[:3]}:{offset[3:]}).")
+
+
+def orchestrator_system_prompt(*, catalogue: str, profiles: list[dict], local_time: str) -> str:
     """The static instructions, then the catalogue (both byte-stable across calls: a
-    cacheable prefix), then the profiles and the date."""
+    cacheable prefix), then the profiles and the user's local time (user_local_time)."""
     parts = [ORCHESTRATOR_STATIC, f"Skill catalogue (domain: what it holds; each skill, whether it reads or writes):\n{catalogue}"]
     if profiles:
         lines = "\n".join(f"- {p['name']}: {p['description']}" for p in profiles)
@@ -44,7 +61,7 @@ def orchestrator_system_prompt(*, catalogue: str, profiles: list[dict]) -> str:
             "Agent profiles (pass one as dispatch_agent's `profile` to give an agent that "
             f"role's instructions and skill limits):\n{lines}"
         )
-    parts.append(f"Today is {timezone.localdate().isoformat()} ({timezone.get_current_timezone_name()}).")
+    parts.append(local_time)
     return "\n\n".join(parts)
 
 
@@ -55,13 +72,14 @@ their reports. Delegate only what is worth a separate agent, and collect your he
 results before you report: helpers still running when you report are cancelled."""
 
 
-def agent_system_prompt(*, profile_prompt: str = "", delegates: bool = False) -> str:
+def agent_system_prompt(*, local_time: str, profile_prompt: str = "", delegates: bool = False) -> str:
+    """Like the orchestrator's: the user's local time (user_local_time) last."""
     parts = [AGENT_STATIC]
     if delegates:
         parts.append(AGENT_DELEGATION)
     if profile_prompt:
         parts.append(f"Your role:\n{profile_prompt}")
-    parts.append(f"Today is {timezone.localdate().isoformat()} ({timezone.get_current_timezone_name()}).")
+    parts.append(local_time)
     return "\n\n".join(parts)
 
 

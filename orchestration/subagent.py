@@ -35,7 +35,7 @@ from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provid
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
 from orchestration.pauses import turn_pause
 from orchestration.pricing import call_cost
-from orchestration.prompts import agent_system_prompt, agent_task_message
+from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
 from orchestration import runner
@@ -239,7 +239,8 @@ class _Agent:
             user=dispatch.turn.conversation.owner, delegates=delegates,
             tools=[use_skill_tool(dispatch.skills)] + (nesting.tools_for(dispatch, limits) if delegates else []),
             messages=[
-                {"role": "system", "content": agent_system_prompt(profile_prompt=profile_prompt, delegates=delegates)},
+                {"role": "system", "content": agent_system_prompt(
+                    local_time=user_local_time(dispatch.turn), profile_prompt=profile_prompt, delegates=delegates)},
                 {"role": "user", "content": agent_task_message(
                     mission=dispatch.mission, context=dispatch.context, prior_results=_prior_results(dispatch))},
             ],
@@ -450,6 +451,7 @@ def _use_skill(dispatch: AgentDispatch, token: str, user, call) -> str:
     outcome = execute_skill(
         name=name, arguments=skill_arguments, user=user, tool_call_id=call.id,
         scope={"dispatch": dispatch}, granted=dispatch.skills, before_run=before_run, after_run=after_run,
+        time_zone=dispatch.turn.time_zone,
     )
     return outcome.as_tool_content()
 

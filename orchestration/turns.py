@@ -6,6 +6,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from assistant.preferences import user_time_zone
 from orchestration import dispatches as lifecycle
 from orchestration.budget import calls_in_window
 from orchestration.events import event_record, group_notify
@@ -25,7 +26,10 @@ class TurnRefused(Exception):
 
 def turn_start(*, conversation: Conversation, text: str) -> Turn:
     """Store the user's message and start a turn. One active turn per conversation:
-    a message sent while a turn runs is refused (not queued), so the user decides."""
+    a message sent while a turn runs is refused (not queued), so the user decides.
+
+    The turn keeps the owner's time zone as it is now: its skills read "tomorrow at 2pm"
+    and its prompts give the local time in that zone, even if the owner changes it later."""
     text = (text or "").strip()
     if not text:
         raise TurnRefused("The message is empty.")
@@ -46,6 +50,7 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
             turn = Turn.objects.create(
                 conversation=conversation, number=number, limits=limits.to_json(),
                 prior_window_calls=calls_in_window(conversation.pk, limits),
+                time_zone=user_time_zone(conversation.owner),
             )
             message_append(turn=turn, role=Message.Role.USER, content=text)
             if not conversation.title:

@@ -29,6 +29,11 @@ the running call's child and inherits its grant (a handler cannot widen it), its
 `after_run`. If the nested call's `before_run` refuses (a budget spent), that exception
 propagates out of the outer call too, whatever the handler does with it: the outer
 call is left open, as a direct call would be, and resumes once the budget allows.
+
+Times: a handler runs with `time_zone` active (django.utils.timezone), the zone of the
+user it acts for, so a date without an offset ("2026-11-25T14:00", "today") means
+their wall clock and results show it (skills/domains/common.py). A nested call runs in
+its outer call's zone; a call outside a turn (the admin, a test) in the active one.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Collection
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -86,6 +92,7 @@ class _Running:
     granted: frozenset[str] | None
     before_run: BeforeRun | None
     after_run: AfterRun | None
+    time_zone: str | None = None  # see execute_skill
     refused: BaseException | None = None  # a nested call's before_run refusal
 
 
@@ -155,6 +162,7 @@ def execute_skill(
     parent=None,
     before_run: BeforeRun | None = None,
     after_run: AfterRun | None = None,
+    time_zone: str | None = None,
 ) -> SkillOutcome:
     """Run skill `name` for `user`, exactly once per (scope, tool_call_id, skill, arguments).
 
@@ -163,10 +171,14 @@ def execute_skill(
     handler, `scope`, `parent`, `granted`, `before_run` and `after_run` come from the
     running call (a `granted` given here can only narrow its grant), so a handler needs
     to know nothing of who called it.
+
+    `time_zone` is the one the handler reads and shows times in (a turn's; blank:
+    settings.TIME_ZONE); None leaves the active one (a nested call: its outer call's).
     """
     outer = running_call.get()
     if outer is not None:
         scope = scope if scope is not None else outer.scope
+        time_zone = time_zone if time_zone is not None else outer.time_zone
         parent = parent if parent is not None else outer.row
         if outer.granted is not None:
             granted = outer.granted if granted is None else outer.granted & set(granted)
@@ -193,7 +205,7 @@ def execute_skill(
             )
         else:
             outcome = call.run(skill, user=user, granted=granted, before_run=before_run, after_run=after_run,
-                               circuit_clean=admitted.clean)
+                               circuit_clean=admitted.clean, time_zone=time_zone)
     if after_run is not None and not outcome.replayed:
         after_run(str(name), outcome)
     return outcome
@@ -252,7 +264,7 @@ class _Call:
         return self._winner(row)
 
     def run(self, skill: Skill, *, user, granted, before_run: BeforeRun | None,
-            after_run: AfterRun | None, circuit_clean: bool) -> SkillOutcome:
+            after_run: AfterRun | None, circuit_clean: bool, time_zone: str | None = None) -> SkillOutcome:
         started = time.monotonic()
         row, new = self._open({"status": ExecutionStatus.RUNNING}, before_run=before_run)
         if not new and row.status != ExecutionStatus.RUNNING:
@@ -262,7 +274,7 @@ class _Call:
         key = f"{self.outer.key}/{row.tool_call_id}" if self.outer else _row_key(row)
         running = _Running(row=row, key=key, scope=self.scope,
                            granted=frozenset(granted) if granted is not None else None,
-                           before_run=before_run, after_run=after_run)
+                           before_run=before_run, after_run=after_run, time_zone=time_zone)
         try:
             with transaction.atomic():
                 if not self._claim(row):
@@ -360,9 +372,11 @@ def _call_handler(skill: Skill, *, user, arguments: dict, running: _Running) -> 
     healthy rides along). A nested call's refused reservation propagates instead, even
     if the handler caught it."""
     token = running_call.set(running)
+    in_zone = nullcontext() if running.time_zone is None else timezone.override(running.time_zone or None)
     try:
         try:
-            data = _handler_data(skill, user=user, arguments=arguments, row=running.row)
+            with in_zone:
+                data = _handler_data(skill, user=user, arguments=arguments, row=running.row)
         except _Failed:
             if running.refused is None:
                 raise

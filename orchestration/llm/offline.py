@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 
 from django.utils import timezone
 
@@ -21,6 +21,8 @@ BANNER = "*(Offline planner — no LLM API key is configured, so this answer was
 PLAN_MARKER = "Planned call: "
 PRIOR_PLACEHOLDER = "{{prior_results}}"
 EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+# The user's date as the system prompt gives it (orchestration/prompts.py user_local_time).
+LOCAL_DATE_RE = re.compile(r"^The user's local time: \w+ (\d{4}-\d{2}-\d{2}) ", re.M)
 TIME_RE = re.compile(r"\b(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)\b|\bat\s+(\d{1,2}):(\d{2})\b", re.I)
 
 
@@ -51,7 +53,7 @@ def _orchestrator_reply(messages: list[dict]) -> LLMResponse:
     called = [c["function"]["name"] for m in turn if m["role"] == "assistant" for c in m.get("tool_calls") or []]
     last = called[-1] if called else None
     if last in (None, "get_skill"):
-        plan = plan_agents(request)
+        plan = plan_agents(request, today=_local_date(messages))
         if not plan:
             return LLMResponse(f"{BANNER}\n\n{_help_text()}")
         return _calls([("dispatch_agent", spec) for spec in plan])
@@ -87,8 +89,17 @@ def _help_text() -> str:
     )
 
 
-def plan_agents(request: str) -> list[dict]:
-    """From the user's words to dispatch_agent arguments, with dependencies."""
+def _local_date(messages: list[dict]) -> date | None:
+    """The user's date, read from the system prompt as a real model would: "tomorrow"
+    is the user's tomorrow, not the server's or UTC's."""
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    match = LOCAL_DATE_RE.search(system)
+    return date.fromisoformat(match.group(1)) if match else None
+
+
+def plan_agents(request: str, *, today: date | None = None) -> list[dict]:
+    """From the user's words to dispatch_agent arguments, with dependencies. `today` is
+    the user's date (default: the server's)."""
     text = request.lower()
     emails = EMAIL_RE.findall(request)
     plan: list[dict] = []
@@ -108,7 +119,8 @@ def plan_agents(request: str) -> list[dict]:
                           depends_on=deps))
     if re.search(r"\b(meeting|book|schedule|calendar|appointment)\b", text):
         title = "Review meeting" if "review" in text else "Meeting"
-        arguments = {"title": title, "start": _when(text).isoformat(), "duration_minutes": 30}
+        arguments = {"title": title, "start": _when(text, today or timezone.localdate()).isoformat(),
+                     "duration_minutes": 30}
         if emails:
             arguments["invitees"] = emails[:5]
         plan.append(_spec("book-meeting", f"Book '{title}'.", "calendar.create_event", arguments, depends_on=deps))
@@ -130,8 +142,10 @@ def _spec(agent_id: str, mission: str, skill: str, arguments: dict, depends_on: 
     return spec
 
 
-def _when(text: str) -> datetime:
-    day = timezone.localdate() + timedelta(days=1 if "tomorrow" in text else 0)
+def _when(text: str, today: date) -> datetime:
+    """A naive local time, as a model writes one: the calendar skill reads it in the
+    user's zone (skills/executor.py)."""
+    day = today + timedelta(days=1 if "tomorrow" in text else 0)
     hour, minute = 9, 0
     if match := TIME_RE.search(text):
         if match.group(1):
@@ -140,7 +154,7 @@ def _when(text: str) -> datetime:
                 hour += 12
         else:
             hour, minute = int(match.group(4)), int(match.group(5))
-    return timezone.make_aware(datetime.combine(day, time(hour % 24, minute % 60)))
+    return datetime.combine(day, time(hour % 24, minute % 60))
 
 
 # --- agent side ----------------------------------------------------------------------------

@@ -24,7 +24,8 @@ def parse_date(value: str | None) -> dt.date | None:
 
 
 def parse_datetime(value: str) -> dt.datetime:
-    """An aware datetime; without an offset, in the server's time zone (TIME_ZONE)."""
+    """An aware datetime; without an offset, in the active time zone: the user's while
+    a skill runs for a turn (skills/executor.py), else settings.TIME_ZONE."""
     moment = dt.datetime.fromisoformat(value)
     return moment if timezone.is_aware(moment) else timezone.make_aware(moment)
 

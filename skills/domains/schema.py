@@ -63,7 +63,7 @@ def datetime(description: str) -> dict:
     return {
         "type": "string",
         "description": f"{description} (ISO 8601, e.g. 2025-03-01T09:30:00+01:00; "
-        "without an offset: the server's time zone)",
+        "without an offset: the user's time zone)",
         "format": "date-time",
         "maxLength": 40,
     }

@@ -284,12 +284,13 @@ document.addEventListener("htmx:wsClose", () => { window.__socketOpen = false; }
 
 @pytest.fixture
 def visit(browser, request) -> Callable[..., Visitor]:
-    """A logged-in tab on started servers: `visit(site, "alice")`; each user its own context."""
+    """A logged-in tab on started servers: `visit(site, "alice")`; each user its own context
+    (Playwright's context options too: `visit(site, "alice", timezone_id="Asia/Tokyo")`)."""
     contexts = []
     visitors: list[Visitor] = []
 
-    def open_tab(site: Site, username: str | None = None, *, init_script: str = "") -> Visitor:
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
+    def open_tab(site: Site, username: str | None = None, *, init_script: str = "", **options) -> Visitor:
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, **options)
         context.add_init_script(SOCKET_PROBE + init_script)
         contexts.append(context)
         visitor = Visitor(context.new_page(), site.url)

@@ -22,7 +22,7 @@ _NAMED_GROUP = re.compile(r"\(\?P<(\w+)>[^()]*\)")
 # Every row of these apps is compared before and after a sweep. auth and admin are in so that
 # a password, a staff flag or an admin log entry cannot change unnoticed; sessions are not
 # (logging in and out is what some routes are for).
-WATCHED_APPS = ("orchestration", "skills", "django_q", "auth", "admin")
+WATCHED_APPS = ("assistant", "orchestration", "skills", "django_q", "auth", "admin")
 
 
 @dataclass(frozen=True)

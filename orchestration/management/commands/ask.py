@@ -7,6 +7,7 @@ import time
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 from django_q.conf import Conf
 
 from orchestration.audit import turn_audit
@@ -40,9 +41,11 @@ class Command(BaseCommand):
             turn = self._start(owner, message, conversation, resume)
         except (TurnRefused, AlreadyAnswered) as exc:
             raise CommandError(str(exc)) from None
-        turn = self._wait(turn, timeout=timeout, quiet=json)
+        with timezone.override(turn.time_zone or None):  # the times it prints: the user's
+            turn = self._wait(turn, timeout=timeout, quiet=json)
+            audit = turn_audit(turn) if json else None
         if json:
-            self.stdout.write(_dumps(turn_audit(turn)))
+            self.stdout.write(_dumps(audit))
             return
         self.stdout.write(self.style.NOTICE(f"\nconversation {turn.conversation_id}, turn {turn.number}: {turn.status}"))
         if turn.status == TurnStatus.PAUSED:
@@ -82,7 +85,8 @@ class Command(BaseCommand):
                 last_id = event.pk
                 if not quiet:
                     printed.end_line()
-                    self.stderr.write(f"  {event.created_at:%H:%M:%S.%f}"[:-3] + f" {event.type:<34} {event.summary}")
+                    at = timezone.localtime(event.created_at)
+                    self.stderr.write(f"  {at:%H:%M:%S.%f}"[:-3] + f" {event.type:<34} {event.summary}")
             if final:
                 return turn
             if not quiet:  # after the events that came before it
