@@ -15,6 +15,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ANSWER = " ".join(f"Paragraph word {i}." for i in range(60))  # ~1,000 characters, ~250 chunks
 FIND = Agent("finder", ["tasks.search"], [("tasks.search", {"status": "open"})], report="No open tasks.")
+SEED = "find my overdue tasks, email them to bob@example.com and book a review meeting tomorrow at 2pm"
+SEED_AGENTS = [  # planned from the catalogue: no get_skill
+    Agent("overdue", ["tasks.search"], [("tasks.search", {"status": "open", "overdue": True})],
+          report="No overdue tasks."),
+    Agent("mailer", ["email.send"], [("email.send", {"to": ["bob@example.com"], "subject": "Overdue tasks",
+                                                     "body": "None overdue."})],
+          depends_on=["overdue"], report="Mailed Bob."),
+    Agent("meeting", ["calendar.create_event"], [("calendar.create_event", {
+        "title": "Review meeting", "start": "2026-11-25T14:00:00", "end": "2026-11-25T15:00:00"})],
+          report="Booked."),
+]
 
 DRAFT_STATE = """() => ({
   draft: (document.querySelector('#answer-draft .message.streaming .content') || {}).textContent || '',
@@ -36,8 +47,9 @@ def drafts_until_answered(page, timeout: float = 60) -> list[dict]:
     raise AssertionError(f"no answer after {timeout}s; saw {seen[-3:]}")
 
 
-def test_the_answer_grows_in_the_chat_before_the_turn_completes(servers, visit, alice, llm, request):
-    llm.respond = Plan([FIND], answer=ANSWER, discover=False)
+def test_the_seed_example_takes_three_calls_and_its_answer_grows_before_the_turn_completes(
+        servers, visit, alice, llm, request):
+    llm.respond = Plan(SEED_AGENTS, answer=ANSWER, discover=False)
     llm.chunk_interval = 0.02  # about 5 s of streaming
     site = servers()
     tab = visit(site, "alice")
@@ -45,7 +57,7 @@ def test_the_answer_grows_in_the_chat_before_the_turn_completes(servers, visit, 
     page = tab.page
     page.evaluate("window.__sameDocument = true")
 
-    tab.send("Find my open tasks")
+    tab.send(SEED)
     seen = drafts_until_answered(page)
 
     growing = [state["draft"].strip() for state in seen if state["draft"] and not state["completed"]]
@@ -57,6 +69,8 @@ def test_the_answer_grows_in_the_chat_before_the_turn_completes(servers, visit, 
     expect(page.locator("#answer-draft")).to_have_count(0)
     turn = wait_turn(conversation_id, site)
     assert turn.status == "completed", turn.error
+    assert turn.llm_iterations == 3 and not turn.pauses.exists()  # dispatch, results, answer
+    assert set(turn.dispatches.values_list("outcome", flat=True)) == {"completed"}
     assert turn.answer_draft == ""
     assert page.evaluate("window.__sameDocument") is True
     tab.screenshot(request.node, "answered", ".chat")
