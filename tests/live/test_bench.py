@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 def test_bench_measures_a_workload(tmp_path, capsys):
     output = tmp_path / "bench.json"
-    call_command("bench", "--workloads", "diamond", "--latency", "20", "--repeat", "1", "--workers", "4",
+    call_command("bench", "--workloads", "diamond", "--latency", "300", "--repeat", "1", "--workers", "4",
                  "--force", "--output", str(output))
 
     report = json.loads(output.read_text())
@@ -26,7 +26,7 @@ def test_bench_measures_a_workload(tmp_path, capsys):
     assert result["sockets_equal_to_database"] == 1 and result["event_latency_ms"]["n"] > 0
     assert result["ratio"] == pytest.approx(result["makespan_s"] / result["bound_s"], abs=0.01)
     assert {"web", "workers", "postgres", "redis"} <= result["cpu_s"].keys()
-    assert result["peak_in_flight"] >= 2  # a and b at once
+    assert result["peak_in_flight"] >= 2  # a and b at once (300 ms calls: they overlap even on a busy machine)
     assert result["pss_mb"]["workers"] > 0 and result["pss_mb"]["web"] > 0
     handoffs = result["handoff_ms"]
     # Each turn's requests were told apart: a and b dispatched; c after both, d after c;
