@@ -30,6 +30,7 @@ from orchestration.usage import Spend, turn_spend
 ORCHESTRATOR_LLM_CALL = "orchestrator.llm_call"
 FAILED_AGENT_STATES = {DispatchOutcome.FAILED, DispatchOutcome.TIMEOUT}
 MAX_TEXT = 4000  # of a request or result shown under a bar
+MIN_SHOWN_WIDTH = 0.8  # percent of the axis
 
 
 @dataclass
@@ -57,6 +58,15 @@ class Bar:
     @property
     def duration(self) -> str:
         return duration_text(self.duration_ms)
+
+    @property
+    def shown_width(self) -> float:
+        """Wide enough to see and to click: a refused call takes no time at all."""
+        return max(self.width, MIN_SHOWN_WIDTH)
+
+    @property
+    def shown_left(self) -> float:
+        return min(self.left, 100.0 - self.shown_width)
 
 
 @dataclass
@@ -166,7 +176,7 @@ def _model_bar(event: Event) -> Bar:
                result=result or _text(payload.get("finish_reason")), event_id=event.pk)
 
 
-def _skill_bars(events: list[Event], now: datetime, results: dict[int, object]) -> list[Bar]:
+def _skill_bars(events: list[Event], now: datetime, executions: dict[int, tuple]) -> list[Bar]:
     """Each skill.finished closes the oldest open skill.started of the same skill; a call
     refused before it started (no skill.started) spans its own duration, if any."""
     open_: dict[str, deque] = defaultdict(deque)
@@ -192,8 +202,9 @@ def _skill_bars(events: list[Event], now: datetime, results: dict[int, object]) 
             status = payload.get("status", "")
             if bar.failed and payload.get("error_kind"):
                 status = f"{status} ({payload['error_kind']})"
-            bar.result = "\n".join(filter(None, [
-                f"status: {status}", bar.reason, _text(results.get(payload.get("execution_id")))]))
+            arguments, result = executions.get(payload.get("execution_id"), (None, None))
+            bar.request = bar.request or _text(arguments) or "(no arguments)"
+            bar.result = "\n".join(filter(None, [f"status: {status}", bar.reason, _text(result)]))
     return bars
 
 
@@ -239,8 +250,8 @@ def turn_waterfall(turn: Turn, *, now: datetime | None = None) -> Waterfall:
         "started_at", "finished_at", "duration_ms", "created_at"))
     spend = turn_spend(turn, dispatches)
     execution_ids = [e.payload.get("execution_id") for e in events if e.type == SKILL_FINISHED and e.payload]
-    results = dict(SkillExecution.objects.filter(pk__in=[i for i in execution_ids if i])
-                   .values_list("id", "result")) if execution_ids else {}
+    executions = {pk: (arguments, result) for pk, arguments, result in SkillExecution.objects.filter(
+        pk__in=[i for i in execution_ids if i]).values_list("id", "arguments", "result")} if execution_ids else {}
 
     by_dispatch: dict = defaultdict(list)
     for event in events:
@@ -262,7 +273,7 @@ def turn_waterfall(turn: Turn, *, now: datetime | None = None) -> Waterfall:
             own = by_dispatch[d.pk]
             state = display_state(d)
             bars = [_model_bar(e) for e in own if e.type == AGENT_LLM_CALL]
-            bars += _skill_bars([e for e in own if e.type in (SKILL_STARTED, SKILL_FINISHED)], now, results)
+            bars += _skill_bars([e for e in own if e.type in (SKILL_STARTED, SKILL_FINISHED)], now, executions)
             bars.sort(key=lambda b: (b.start, b.event_id))
             end = d.finished_at or (now if d.state in ("created", "running") and active else None)
             if end is None:
