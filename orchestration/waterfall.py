@@ -28,6 +28,8 @@ from orchestration.selectors import display_state
 from orchestration.usage import Spend, turn_spend
 
 ORCHESTRATOR_LLM_CALL = "orchestrator.llm_call"
+# A model call that failed and is retried: its retry's event (when the call began is not stored).
+FAILED_MODEL_CALLS = ("orchestrator.llm_retry", "agent.subagent_attempt")
 FAILED_AGENT_STATES = {DispatchOutcome.FAILED, DispatchOutcome.TIMEOUT}
 MAX_TEXT = 4000  # of a request or result shown under a bar
 MIN_SHOWN_WIDTH = 0.8  # percent of the axis
@@ -176,6 +178,24 @@ def _model_bar(event: Event) -> Bar:
                result=result or _text(payload.get("finish_reason")), event_id=event.pk)
 
 
+def _failed_model_bar(event: Event) -> Bar | None:
+    payload = event.payload or {}
+    if "retry" not in payload:  # an agent's redelivery after a lost worker, not a failed call
+        return None
+    where = f"call {payload['iteration']}" if "iteration" in payload else f"step {payload.get('step', 0) + 1}"
+    reason = str(payload.get("reason") or "")
+    return Bar(kind="model", label=f"{where} (failed, retried)", start=event.created_at, end=event.created_at,
+               failed=True, reason=reason, event_id=event.pk,
+               request=_lines(("retry", payload.get("retry")), ("backoff", f"{payload.get('backoff_seconds', 0)} s")),
+               result=reason)
+
+
+def _model_bars(events: list[Event], kind: str) -> list[Bar]:
+    bars = [_model_bar(e) for e in events if e.type == kind]
+    bars += [bar for e in events if e.type in FAILED_MODEL_CALLS if (bar := _failed_model_bar(e))]
+    return sorted(bars, key=lambda b: (b.start, b.event_id))
+
+
 def _skill_bars(events: list[Event], now: datetime, executions: dict[int, tuple]) -> list[Bar]:
     """Each skill.finished closes the oldest open skill.started of the same skill; a call
     refused before it started (no skill.started) spans its own duration, if any."""
@@ -262,7 +282,7 @@ def turn_waterfall(turn: Turn, *, now: datetime | None = None) -> Waterfall:
 
     orchestrator = Row(key="orchestrator", label="orchestrator", depth=0, state=turn.status,
                        start=turn.started_at, end=turn_end, spend=spend.orchestrator,
-                       bars=[_model_bar(e) for e in by_dispatch[None] if e.type == ORCHESTRATOR_LLM_CALL],
+                       bars=_model_bars(by_dispatch[None], ORCHESTRATOR_LLM_CALL),
                        failed=turn.status == "failed", reason=turn.error)
     rows, agent_rows = [orchestrator], {}
 
@@ -272,7 +292,7 @@ def turn_waterfall(turn: Turn, *, now: datetime | None = None) -> Waterfall:
                 continue
             own = by_dispatch[d.pk]
             state = display_state(d)
-            bars = [_model_bar(e) for e in own if e.type == AGENT_LLM_CALL]
+            bars = _model_bars(own, AGENT_LLM_CALL)
             bars += _skill_bars([e for e in own if e.type in (SKILL_STARTED, SKILL_FINISHED)], now, executions)
             bars.sort(key=lambda b: (b.start, b.event_id))
             end = d.finished_at or (now if d.state in ("created", "running") and active else None)

@@ -187,3 +187,17 @@ def test_the_live_page_has_a_waterfall_panel_that_pushes_refresh(client, alice, 
     assert "waterfall" in panels_for([skill_event])
     assert "waterfall" in panels_for(list(Event.objects.filter(type="orchestrator.llm_call")))
     assert panel_context(diamond.conversation, frozenset({"waterfall"}))["waterfall"].failures == 2
+
+
+def test_a_failed_model_call_that_was_retried_is_red_and_counted(diamond):
+    a = diamond.dispatches.get(agent_id="a")
+    event(diamond, 1.2, "agent.subagent_attempt", a, sub_agent_id="a", retry=1, step=0, reason="HTTP 503",
+          backoff_seconds=0.5)
+    event(diamond, 1.3, "agent.subagent_attempt", a, sub_agent_id="a", attempt=2, reason="worker lost")  # no call
+    event(diamond, 0.05, "orchestrator.llm_retry", iteration=1, retry=1, reason="timed out", backoff_seconds=1)
+    waterfall = turn_waterfall(diamond)
+    rows = by_label(waterfall)
+    retried = [b for b in rows["a"].bars if b.failed]
+    assert [(b.label, b.reason, b.left) for b in retried] == [("step 1 (failed, retried)", "HTTP 503", 12.0)]
+    assert rows["orchestrator"].bars[0].label == "call 1 (failed, retried)"
+    assert waterfall.failures == 4
