@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from orchestration import selectors
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
+from orchestration.waterfall import turn_waterfall
 
 # Events can commit out of id order on PostgreSQL (ids are taken at insert, not commit):
 # ids are only considered final once they are this old.
@@ -122,7 +123,7 @@ def resume_floor(conversation_id: int, last: int) -> int:
 # answered, paused, resumed, stopped); the agent graph with the agents' and skills'
 # events too; the counters with anything. A long chat is then not run through markdown
 # and the sanitiser again for every skill call (that was most of daphne's CPU under load).
-PANELS = ("counters", "messages", "pause", "composer", "graph")
+PANELS = ("counters", "messages", "pause", "composer", "graph", "waterfall")
 CHAT_EVENT_PREFIXES = ("turn.", "limit.")
 GRAPH_EVENT_PREFIXES = ("turn.", "agent.", "skill.")
 
@@ -133,7 +134,9 @@ def panels_for(events: list[Event]) -> frozenset[str]:
     if any(t.startswith(CHAT_EVENT_PREFIXES) for t in types):
         panels |= {"messages", "pause", "composer"}
     if any(t.startswith(GRAPH_EVENT_PREFIXES) for t in types):
-        panels.add("graph")
+        panels |= {"graph", "waterfall"}
+    elif any(t.startswith("orchestrator.") for t in types):
+        panels.add("waterfall")  # its model-call bars
     return frozenset(panels)
 
 
@@ -181,7 +184,7 @@ def render_events(conversation: Conversation, events: list[Event]) -> str:
 def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset(PANELS)) -> dict:
     """What the state panels show; with `panels`, only what those panels need."""
     context = {"conversation": conversation, "panels": panels, "oob": True}
-    if panels & {"counters", "messages", "composer", "graph"}:
+    if panels & {"counters", "messages", "composer", "graph", "waterfall"}:
         # One turn at a time is active, and it is the latest: one query serves both.
         latest = (conversation.turns.order_by("-number")
                   .only("id", "conversation_id", "number", "status", "answer_draft").first())
@@ -197,4 +200,7 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
     if "graph" in panels:
         graph, graph_spend = selectors.agent_graph(turn=latest) if latest else ([], None)
         context.update(graph=graph, graph_spend=graph_spend, graph_turn=latest)
+    if "waterfall" in panels:
+        # Read whole: `latest` above has only the few fields the other panels need.
+        context["waterfall"] = turn_waterfall(Turn.objects.get(pk=latest.pk)) if latest else None
     return context

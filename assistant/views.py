@@ -16,6 +16,7 @@ from orchestration import audit
 from orchestration import selectors, services
 from orchestration.pauses import AlreadyAnswered, turn_continue
 from orchestration.turns import TurnRefused, turn_start, turn_stop
+from orchestration.waterfall import turn_waterfall
 
 
 @require_GET
@@ -109,7 +110,7 @@ def turn_stop_view(request, conversation, turn_id: int):
 @audited_conversation
 def conversation_audit(request, conversation):
     turns = conversation.turns.prefetch_related("dispatches__skill_executions", "pauses")
-    trail = [audit.turn_audit(turn) for turn in turns]
+    trail = [{**audit.turn_audit(turn), "waterfall": turn_waterfall(turn)} for turn in turns]
     usage = selectors.conversation_usage(conversation=conversation)
     return render(request, "conversations/audit.html", {"conversation": conversation, "turns": trail, "usage": usage})
 
