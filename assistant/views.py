@@ -21,9 +21,8 @@ from orchestration.turns import TurnRefused, turn_start, turn_stop
 @require_GET
 @login_required
 def conversation_list(request):
-    conversations = selectors.conversations_for(user=request.user)
     return render(request, "conversations/list.html", {
-        "conversations": conversations, "time_zone": user_time_zone(request.user), "time_zones": time_zone_names()})
+        "rows": selectors.conversation_rows(user=request.user), "time_zone": user_time_zone(request.user), "time_zones": time_zone_names()})
 
 
 @require_POST
