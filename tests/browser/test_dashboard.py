@@ -120,7 +120,9 @@ def test_a_tripped_limit_asks_and_continue_finishes_the_turn(servers, visit, ali
     expect(prompt).to_contain_text("Waiting to start: maker")
     expect(prompt).to_contain_text("Continue allows 2 more tool calls for this turn.")
     # One prompt per pause, in words: the chat keeps a one-line record, no second question.
-    expect(page.get_by_text("Continue?")).to_have_count(1)
+    expect(page.locator(".pause")).to_have_count(1)
+    expect(page.locator("#messages .notice")).to_contain_text("Turn 1 paused. This turn has made 2 tool calls")
+    expect(page.locator("#messages")).not_to_contain_text("continue", ignore_case=True)
     expect(page.locator(".chat")).not_to_contain_text("turn_max_skill_calls")
     # The first request named the conversation, and the heading shows it without a reload.
     expect(page.locator("#conversation-title")).to_have_text("Create three tasks")
