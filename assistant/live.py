@@ -19,6 +19,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from orchestration import selectors
+from orchestration.llm.offline import EXAMPLE_REQUESTS
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
 from orchestration.waterfall import turn_waterfall
 
@@ -190,9 +191,12 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
                   .only("id", "conversation_id", "number", "status", "answer_draft").first())
         context["active_turn"] = latest if latest is not None and latest.status in ACTIVE_TURN_STATUSES else None
     if "counters" in panels:
+        if not conversation.title:  # set once, by the first request: the header shows it live
+            conversation.refresh_from_db(fields=["title"])
         context["usage"] = selectors.conversation_usage(conversation=conversation)
     if "messages" in panels:
         context["messages_"] = selectors.visible_messages(conversation=conversation)
+        context["suggestions"] = EXAMPLE_REQUESTS[:4]  # shown while the chat is empty
     if panels & {"pause", "composer"}:
         context["pause"] = selectors.open_pause(conversation=conversation)
     if "pause" in panels:

@@ -22,9 +22,8 @@ from orchestration.waterfall import turn_waterfall
 @require_GET
 @login_required
 def conversation_list(request):
-    conversations = selectors.conversations_for(user=request.user)
     return render(request, "conversations/list.html", {
-        "conversations": conversations, "time_zone": user_time_zone(request.user), "time_zones": time_zone_names()})
+        "rows": selectors.conversation_rows(user=request.user), "time_zone": user_time_zone(request.user), "time_zones": time_zone_names()})
 
 
 @require_POST

@@ -146,10 +146,12 @@ def _a_cycle(graph: dict[str, list[str]]) -> list[str]:
     return []
 
 
-def reserve_agents(*, turn: Turn, count: int) -> None:
-    """Atomically take `count` agent slots of the turn, or trip the turn's agent limit."""
+def reserve_agents(*, turn: Turn, agent_ids: list[str]) -> None:
+    """Atomically take a slot of the turn's agents for each of `agent_ids`, or trip the
+    turn's agent limit (the pause names them: they are what waits for the answer)."""
     from django.db.models import F
 
+    count = len(agent_ids)
     if count == 0:
         return
     limit = Limits.from_json(turn.limits).turn_max_agents
@@ -160,7 +162,7 @@ def reserve_agents(*, turn: Turn, count: int) -> None:
         raise LimitTripped(
             "turn_max_agents",
             f"This turn may dispatch {limit} agents; {count} more were asked for.",
-            detail={"limit": limit, "used": turn.agents_dispatched, "requested": count},
+            detail={"limit": limit, "used": turn.agents_dispatched, "requested": count, "asked_for": agent_ids},
         )
 
 

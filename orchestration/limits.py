@@ -60,6 +60,44 @@ class Limits:
         return max(1, min(int(requested), self.agent_max_tool_calls_cap))
 
 
+@dataclass(frozen=True, kw_only=True)
+class LimitWords:
+    """A limit a turn can pause on, in the words the owner reads in the continue? prompt.
+
+    `reached` and `label` are format strings: {limit}, {used} and {requested} are counts
+    of the thing counted ("8 agents"), {window} the conversation's window ("5 minutes")."""
+
+    one: str
+    """The thing counted, singular."""
+    many: str
+    """The thing counted, plural."""
+    label: str
+    """The limit itself, short: "agents per turn"."""
+    reached: str
+    """Why the turn stopped, one sentence."""
+
+
+LIMIT_WORDS = {
+    "turn_max_agents": LimitWords(
+        one="agent", many="agents", label="agents per turn",
+        reached="This turn may start {limit} in all: it has started {used} and asked for another {requested}.",
+    ),
+    "turn_max_skill_calls": LimitWords(
+        one="tool call", many="tool calls", label="tool calls per turn",
+        reached="This turn has made {used}, the most one turn may make.",
+    ),
+    "turn_max_llm_iterations": LimitWords(
+        # the orchestrator's LLM calls: each plans, dispatches or answers
+        one="planning step", many="planning steps", label="planning steps per turn",
+        reached="The assistant has taken {used} on this turn without reaching an answer, the most one turn may take.",
+    ),
+    "conversation_max_skill_calls": LimitWords(
+        one="tool call", many="tool calls", label="tool calls per {window} in a conversation",
+        reached="This conversation has made {used} in the last {window}, the most it may make in that time.",
+    ),
+}
+
+
 class LimitTripped(Exception):
     """A turn- or conversation-level limit is spent: the turn must pause and ask."""
 

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.urls import reverse
+from django.utils import formats, timezone
+from django.utils.functional import cached_property
 
 from skills.models import AbstractSkillExecution
 
@@ -28,7 +30,12 @@ class Conversation(models.Model):
         indexes = [models.Index(fields=["owner", "-updated_at"], name="conv_owner_recent")]
 
     def __str__(self) -> str:
-        return self.title or f"Conversation {self.pk}"
+        if self.title:
+            return self.title
+        if self.created_at is None:  # not saved yet
+            return "New conversation"
+        # Told apart by when it was opened, in the reader's time zone, until its first request names it.
+        return f"New conversation · {formats.date_format(timezone.localtime(self.created_at), 'M j, H:i')}"
 
     def get_absolute_url(self) -> str:
         return reverse("conversation_detail", args=[self.pk])
@@ -136,6 +143,13 @@ class TurnPause(models.Model):
                 fields=["turn"], condition=Q(decision=""), name="one_open_pause_per_turn"
             )
         ]
+
+    @cached_property
+    def words(self):
+        """The question in plain words (orchestration/pauses.py holds them)."""
+        from orchestration.pauses import pause_words
+
+        return pause_words(self.limit, self.detail)
 
     def __str__(self) -> str:
         return f"{self.limit} on {self.turn}"

@@ -98,7 +98,7 @@ def children_dispatch(*, dispatch: AgentDispatch, token: str, calls: list[ToolCa
         heartbeat(AgentDispatch, dispatch.pk, token)
         planned = plan_batch(turn=turn, calls=fresh, parent=dispatch)
         # Children take slots of the turn's agent limit: limits count the whole tree.
-        reserve_agents(turn=turn, count=sum(1 for item in planned if not item.error))
+        reserve_agents(turn=turn, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
         for item in planned:
             if item.error:
                 answers[item.call.id] = error_json(item.error, agent_id=item.spec.get("agent_id"))

@@ -338,7 +338,7 @@ def _dispatch_batch(turn: Turn, token: str, calls: list[ToolCall]) -> None:
         turn = lifecycle.lock_turn(turn.pk)
         heartbeat(Turn, turn.pk, token)
         planned = plan_batch(turn=turn, calls=calls)
-        reserve_agents(turn=turn, count=sum(1 for item in planned if not item.error))
+        reserve_agents(turn=turn, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
         answers = []
         for item in planned:
             if item.error:

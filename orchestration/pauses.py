@@ -7,14 +7,17 @@ tripped budget and resumes exactly where the turn stopped.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from django.db import IntegrityError, transaction
 from django.db.models import F
-from django.utils import timezone
+from django.utils import formats, timezone
 
 from orchestration import dispatches as lifecycle
 from orchestration.events import event_record
 from orchestration.history import message_append
-from orchestration.limits import Limits, LimitTripped
+from orchestration.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
 from orchestration.tasks import enqueue_orchestrator_step
 
@@ -44,8 +47,12 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
             status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0, answer_draft="",
             # the waiting state is re-derived on resume, from the pending tool call
         )
-        event_record(type="limit.tripped", turn=turn, summary=f"Limit tripped: {trip.limit}", payload=detail | {"limit": trip.limit})
-        message_append(turn=turn, role=Message.Role.NOTICE, content=pause_question(trip.limit, detail))
+        event_record(type="limit.tripped", turn=turn, summary=f"Limit reached: {pause.words.label}",
+                     payload=detail | {"limit": trip.limit})
+        # A one-line record in the chat; the question itself, with its buttons, is the
+        # prompt panel (one prompt per pause). The detail stays on the pause and the event.
+        message_append(turn=turn, role=Message.Role.NOTICE,
+                       content=f"Turn {turn.number} paused. {pause_words(trip.limit, detail).reached}")
         event_record(type="turn.paused", turn=turn, summary=f"Turn {turn.number} paused: continue?", payload={"pause_id": pause.pk, "limit": trip.limit})
     return pause
 
@@ -59,18 +66,77 @@ def budget_left(turn: Turn) -> dict:
     }
 
 
-def pause_question(limit: str, detail: dict) -> str:
-    def names(items):
-        return ", ".join(items) if items else "none"
+def continue_grant(limit: str, detail: dict) -> int:
+    """How many more of the tripped kind Continue allows: one default's worth, or what
+    the tripping request asked for if that is more."""
+    return max(Limits.from_settings().to_json()[limit], detail.get("requested", 0))
 
-    lines = [
-        f"**Paused — continue?** {detail['message']}",
-        f"- Completed: {names(detail['completed'])}",
-        f"- Not started yet: {names(detail['not_started'] + detail['running'])}",
-    ]
+
+def _count(n: int, words) -> str:
+    if not n:
+        return f"no {words.many}"
+    return f"{n} {words.one if n == 1 else words.many}"
+
+
+def _window(seconds: int) -> str:
+    minutes = seconds // 60
+    if minutes < 1:
+        return f"{seconds} seconds"
+    return "minute" if minutes == 1 else f"{minutes} minutes"
+
+
+@dataclass(frozen=True)
+class PauseWords:
+    """A pause as the owner reads it: which limit, what is done, what waits, what Continue grants."""
+
+    label: str
+    reached: str
+    done: list[str]
+    working: list[str]
+    waiting: list[str]
+    grant: str
+    frees_at: str
+
+
+def pause_words(limit: str, detail: dict) -> PauseWords:
+    words = LIMIT_WORDS.get(limit)
+    window = _window(int(Limits.from_settings().conversation_window_seconds))
+    frees_at = ""
     if detail.get("resumes_at"):
-        lines.append(f"- The conversation's window frees up at {detail['resumes_at']}.")
-    lines.append("\nContinue to grant a fresh budget and resume where it stopped, or Stop to end the turn.")
+        at = timezone.localtime(datetime.fromisoformat(detail["resumes_at"]))
+        frees_at = formats.time_format(at, "H:i")
+    done = list(detail.get("completed", []))
+    working = list(detail.get("running", []))
+    waiting = [*detail.get("asked_for", []), *detail.get("not_started", [])]
+    if words is None:  # a question this module has no words for: say what is stored
+        return PauseWords(label=limit.replace("_", " "), reached=detail.get("message", ""), done=done,
+                          working=working, waiting=waiting, grant="", frees_at=frees_at)
+    counts = {key: _count(int(detail.get(key, 0) or 0), words) for key in ("limit", "used", "requested")}
+    more = continue_grant(limit, detail)
+    return PauseWords(
+        label=words.label.format(window=window),
+        reached=words.reached.format(**counts, window=window),
+        done=done, working=working, waiting=waiting,
+        grant=f"Continue allows {more} more {words.one if more == 1 else words.many} for this turn.",
+        frees_at=frees_at,
+    )
+
+
+def pause_question(limit: str, detail: dict) -> str:
+    """The continue? prompt as text (manage.py ask prints it)."""
+    words = pause_words(limit, detail)
+
+    def names(items):
+        return ", ".join(items) if items else "nothing yet"
+
+    lines = [f"**Paused — continue?** {words.reached}", f"- Done: {names(words.done)}"]
+    if words.working:
+        lines.append(f"- Still working: {', '.join(words.working)}")
+    if words.waiting:
+        lines.append(f"- Waiting to start: {', '.join(words.waiting)}")
+    if words.frees_at:
+        lines.append(f"- The conversation's window frees up at {words.frees_at}.")
+    lines.append("\n" + " ".join(filter(None, [words.grant, "Stop ends the turn with what is done."])))
     return "\n".join(lines)
 
 
@@ -95,10 +161,8 @@ def turn_continue(*, turn: Turn, user) -> Turn:
             raise AlreadyAnswered("This turn was already resumed or stopped.")
         limits = Limits.from_json(turn.limits).to_json()
         if pause.limit in limits:
-            # A fresh budget of the tripped kind: what was used so far plus one default's
-            # worth (or what the tripping request asked for, if that is more).
-            fresh = max(Limits.from_settings().to_json()[pause.limit], pause.detail.get("requested", 0))
-            limits[pause.limit] = pause.detail.get("used", 0) + fresh
+            # A fresh budget of the tripped kind: what was used so far plus the grant.
+            limits[pause.limit] = pause.detail.get("used", 0) + continue_grant(pause.limit, pause.detail)
         Turn.objects.filter(pk=turn.pk).update(
             status=TurnStatus.RUNNING, limits=limits, continuations=F("continuations") + 1
         )

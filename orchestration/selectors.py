@@ -2,15 +2,64 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.utils import timezone
+from django.utils.timesince import timesince
 
 from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED
-from orchestration.models import Conversation, Event, Message
+from orchestration.models import Conversation, Event, Message, Turn
 from orchestration.usage import Spend, TurnSpend, conversation_spend, turn_spend
 
 
 def conversations_for(*, user) -> QuerySet[Conversation]:
-    return Conversation.objects.filter(owner=user).order_by("-updated_at", "-id")
+    """The user's conversations, most recent first, each with its latest turn's status
+    and its latest event's time (`latest_status`, `latest_event_at`)."""
+    latest_turn = Turn.objects.filter(conversation=OuterRef("pk")).order_by("-number")
+    latest_event = Event.objects.filter(conversation=OuterRef("pk")).order_by("-id")
+    return Conversation.objects.filter(owner=user).annotate(
+        latest_status=Subquery(latest_turn.values("status")[:1]),
+        latest_event_at=Subquery(latest_event.values("created_at")[:1]),
+    ).order_by("-updated_at", "-id")
+
+
+# A conversation's state in the list, from its latest turn's status.
+CONVERSATION_STATES = {
+    "running": "running", "waiting": "running", "paused": "waiting for you",
+    "completed": "answered", "failed": "failed", "stopped": "stopped",
+}
+
+
+@dataclass(frozen=True)
+class ConversationRow:
+    conversation: Conversation
+    state: str  # the latest turn's status, "" before the first request
+    state_words: str
+    last_activity: datetime
+    last_activity_words: str
+
+
+def conversation_rows(*, user) -> list[ConversationRow]:
+    """The conversation list: each conversation with its state and last activity in words."""
+    now = timezone.now()
+    rows = []
+    for conversation in conversations_for(user=user):
+        at = max(filter(None, [conversation.updated_at, conversation.latest_event_at]))
+        rows.append(ConversationRow(
+            conversation=conversation, state=conversation.latest_status or "",
+            state_words=CONVERSATION_STATES.get(conversation.latest_status, "no messages yet"),
+            last_activity=at, last_activity_words=activity_words(at, now=now),
+        ))
+    return rows
+
+
+def activity_words(at: datetime, *, now: datetime) -> str:
+    """ "just now" under a minute, then "5 minutes ago", "2 hours ago", "3 days ago"."""
+    if (now - at).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(at, now, depth=1)} ago"
 
 
 def visible_messages(*, conversation: Conversation) -> QuerySet[Message]:

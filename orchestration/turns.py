@@ -54,13 +54,26 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
             )
             message_append(turn=turn, role=Message.Role.USER, content=text)
             if not conversation.title:
-                conversation.title = text[:60] + ("…" if len(text) > 60 else "")
+                conversation.title = conversation_title(text)
             conversation.save(update_fields=["title", "updated_at"])
             event_record(type="turn.started", turn=turn, summary=f"Turn {number} started", payload={"message": text[:2000]})
             enqueue_orchestrator_step(turn.pk)
     except IntegrityError:  # the partial unique index caught a concurrent start
         raise TurnRefused(_BUSY) from None
     return turn
+
+
+TITLE_CHARS = 48
+
+
+def conversation_title(text: str) -> str:
+    """A short title from the first request: its first line, spaces collapsed, cut at a
+    word before TITLE_CHARS (one line on a phone)."""
+    line = " ".join(next((ln for ln in text.splitlines() if ln.strip()), "").split())
+    if len(line) <= TITLE_CHARS:
+        return line
+    cut = line[:TITLE_CHARS].rsplit(" ", 1)[0] if " " in line[:TITLE_CHARS] else line[:TITLE_CHARS]
+    return cut.rstrip(" ,.;:-–—") + "…"
 
 
 _BUSY = "A turn is still running in this conversation. Wait for its answer, or stop it, before sending another message."

@@ -96,3 +96,102 @@ def test_a_running_turn_without_a_draft_says_the_assistant_is_working(alice_clie
     turn_for(conversation)
     html = alice_client.get(conversation.get_absolute_url()).content.decode()
     assert 'id="answer-draft"' in html and "The assistant is working" in html
+
+
+# --- continue? in plain words, once -------------------------------------------------------
+
+@pytest.fixture
+def paused_on_agents(alice):
+    """A turn paused at its agent limit the way the engine leaves it: the pause, its chat record."""
+    from orchestration.models import Turn, TurnPause
+
+    conversation = conversation_for(alice, title="Plan the trip")
+    turn = Turn.objects.create(conversation=conversation, number=1, status="paused")
+    Message.objects.create(conversation=conversation, turn=turn, seq=1, role="user", content="Plan the trip")
+    Message.objects.create(conversation=conversation, turn=turn, seq=2, role="notice",
+                           content="Turn 1 paused. This turn may start 8 agents in all.")
+    TurnPause.objects.create(turn=turn, limit="turn_max_agents", detail={
+        "message": "This turn may dispatch 8 agents; 3 more were asked for.", "limit": 8, "used": 6,
+        "requested": 3, "asked_for": ["flights", "hotels", "trains"], "completed": ["weather"],
+        "running": ["budget"], "not_started": []})
+    return conversation
+
+
+def test_the_continue_prompt_reads_in_words_and_appears_once(alice_client, paused_on_agents):
+    html = alice_client.get(paused_on_agents.get_absolute_url()).content.decode()
+    assert html.count("Continue?") == 1
+    assert "turn_max_agents" not in html
+    assert "This turn may start 8 agents in all: it has started 6 agents and asked for another 3 agents." in html
+    assert "Done: weather" in html and "Still working: budget" in html
+    assert "Waiting to start: flights, hotels, trains" in html
+    assert "Not started yet: none" not in html
+    assert "Continue allows 8 more agents for this turn." in html  # one default's worth (settings: 8)
+
+
+def test_an_answered_pause_reads_in_words(alice_client, paused_on_agents, alice):
+    from django.utils import timezone
+
+    from orchestration.models import TurnPause
+
+    TurnPause.objects.update(decision="continue", decided_by=alice, decided_at=timezone.now())
+    html = alice_client.get(paused_on_agents.get_absolute_url()).content.decode()
+    assert "Turn 1 paused at its limit of agents per turn:\n      alice continued it at" in html
+    assert "turn_max_agents" not in html and "Continue?" not in html
+
+
+# --- conversations people can tell apart ----------------------------------------------------
+
+def test_the_list_shows_each_conversations_state_and_last_activity(alice_client, alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from orchestration.models import Conversation, Turn
+
+    answered = conversation_for(alice, title="Renew passport")
+    Turn.objects.create(conversation=answered, number=1, status="completed")
+    Conversation.objects.filter(pk=answered.pk).update(updated_at=timezone.now() - timedelta(minutes=5, seconds=3))
+    paused = conversation_for(alice, title="Plan the trip")
+    Turn.objects.create(conversation=paused, number=1, status="paused")
+    untitled = conversation_for(alice, title="")
+    html = alice_client.get(reverse("conversation_list")).content.decode().replace("\xa0", " ")
+    row = html[html.index(f'id="conversation-{answered.pk}"'):]
+    assert "answered" in row[:400] and "5 minutes ago" in row[:400]
+    assert "waiting for you" in html[html.index(f'id="conversation-{paused.pk}"'):][:400]
+    fresh = html[html.index(f'id="conversation-{untitled.pk}"'):][:400]
+    assert "New conversation · " in fresh and "just now" in fresh and "no messages yet" in fresh
+    assert "0 minutes ago" not in html and f"Conversation {untitled.pk}" not in html
+
+
+def test_an_empty_conversation_offers_example_requests_that_post(alice_client, alice):
+    conversation = conversation_for(alice, title="")
+    html = alice_client.get(conversation.get_absolute_url()).content.decode()
+    send = reverse("message_send", args=[conversation.pk])
+    assert html.count('class="secondary suggestion"') == 4
+    assert 'name="text" value="add a task: renew passport"' in html
+    assert f'hx-post="{send}"' in html.split('id="suggestions"')[1].split("</div>")[0]
+
+
+def test_the_counters_hide_zeros_and_use_plurals(alice_client, alice):
+    from orchestration.models import LLMCall, Turn
+
+    conversation = conversation_for(alice)
+    html = alice_client.get(conversation.get_absolute_url()).content.decode()
+    counters = html[html.index('id="counters"'):].split("</div>")[0]
+    assert "token" not in counters and "0" not in counters.split(">", 1)[1]
+    turn = Turn.objects.create(conversation=conversation, number=1, status="completed")
+    LLMCall.objects.create(turn=turn, key="k1", prompt_tokens=1, completion_tokens=0)
+    html = alice_client.get(conversation.get_absolute_url()).content.decode()
+    assert "1 token (1 in, 0 out)" in html
+
+
+def test_the_heading_takes_the_title_live(alice):
+    """The socket holds the conversation from before its first request: the push names it."""
+    from assistant.live import render_events
+    from orchestration.models import Conversation, Event
+    from orchestration.turns import turn_start
+
+    held = conversation_for(alice, title="")
+    turn_start(conversation=Conversation.objects.get(pk=held.pk), text="add a task:\n  renew   passport")
+    html = render_events(held, list(Event.objects.filter(conversation=held)))
+    assert '<h1 id="conversation-title" hx-swap-oob="true">add a task:</h1>' in html

@@ -80,13 +80,20 @@ def _answer(results: dict) -> str:
     return "\n".join(lines)
 
 
+# Requests this planner can plan: the help text's examples, and the suggestions an empty
+# conversation offers (so each works without a model too).
+EXAMPLE_REQUESTS = (
+    "find my overdue tasks, email them to bob@example.com and book a review meeting tomorrow at 2pm",
+    "add a task: renew passport",
+    "remember that the wifi password is on the fridge",
+    "what do you remember about wifi",
+    "list my files",
+)
+
+
 def _help_text() -> str:
-    return (
-        "I did not recognise a request I can plan offline. Try for example: "
-        '"find my overdue tasks, email them to bob@example.com and book a review meeting '
-        'tomorrow at 2pm", "add a task: renew passport", "remember that the wifi password '
-        'is on the fridge", "what do you remember about wifi", or "list my files".'
-    )
+    quoted = [f'"{example}"' for example in EXAMPLE_REQUESTS]
+    return f"I did not recognise a request I can plan offline. Try for example: {', '.join(quoted[:-1])}, or {quoted[-1]}."
 
 
 def _local_date(messages: list[dict]) -> date | None:

@@ -12,7 +12,7 @@ from django_q.conf import Conf
 
 from orchestration.audit import turn_audit
 from orchestration.models import Conversation, Event, Turn, TurnStatus
-from orchestration.pauses import AlreadyAnswered, turn_continue
+from orchestration.pauses import AlreadyAnswered, pause_question, turn_continue
 from orchestration.turns import TurnRefused, turn_start
 
 FINAL = {TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED}
@@ -97,6 +97,9 @@ class Command(BaseCommand):
 
 
 def _answer(turn: Turn) -> str:
+    pause = turn.pauses.filter(decision="").first() if turn.status == TurnStatus.PAUSED else None
+    if pause is not None:  # the chat keeps a one-line record; the question is the prompt's
+        return pause_question(pause.limit, pause.detail)
     answer = (turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).exclude(content="")
               .order_by("-seq").first())
     return answer.content if answer else f"(no answer; the turn is {turn.status})"
