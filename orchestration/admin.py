@@ -1,14 +1,20 @@
 """The audit trail for staff: conversation → turns → dispatches → skill executions.
 
-Records are read-only for everyone but superusers (who may fix data by hand); events
-are read-only for everyone, because they are append-only facts.
+Every record here is read-only for everyone, superusers included: an audit anyone can
+edit proves nothing. Rows leave only through the code that owns them (events never do).
+Agent profiles are configuration, not audit, and stay editable.
 """
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from orchestration.models import (
     AgentDispatch,
@@ -23,6 +29,60 @@ from orchestration.models import (
 )
 from orchestration.pricing import format_usd
 from orchestration.usage import turn_spend
+
+
+def pretty_json(value) -> str:
+    """Indented and escaped: payloads carry model output and users' words."""
+    if value in (None, "", [], {}):
+        return "-"
+    text = json.dumps(value, indent=2, ensure_ascii=False, cls=DjangoJSONEncoder)
+    return format_html('<pre class="audit-json">{}</pre>', text)
+
+
+def json_display(field_name: str, description: str | None = None):
+    """An admin display method for a JSON column, in place of Django's one-line dump."""
+
+    @admin.display(description=description or field_name.replace("_", " "))
+    def display(self, obj):
+        return pretty_json(getattr(obj, field_name))
+
+    return display
+
+
+def json_fields(model) -> list[str]:
+    return [f.name for f in model._meta.concrete_fields if isinstance(f, models.JSONField)]
+
+
+def precise_time(value) -> str:
+    """To the millisecond, in the viewer's time zone: events a few ms apart stay in order."""
+    if value is None:
+        return "-"
+    local = timezone.localtime(value)
+    return local.strftime("%Y-%m-%d %H:%M:%S.") + f"{local.microsecond // 1000:03d} " + local.strftime("%Z")
+
+
+def tool_call_arguments(arguments):
+    """The model sends arguments as JSON text; show them parsed when they parse."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def tool_calls_html(calls: list[dict]) -> str:
+    """Calls as stored on an assistant message (OpenAI's shape): name, id, arguments indented."""
+    if not calls:
+        return "-"
+    rows = []
+    for call in calls:
+        function = call.get("function") or {}
+        arguments = pretty_json(tool_call_arguments(function.get("arguments")))
+        rows.append((function.get("name", "?"), call.get("id", ""), arguments))
+    return format_html_join(
+        "", '<div class="audit-tool-call"><strong>{}</strong> <span class="quiet">{}</span>{}</div>', rows
+    )
 
 
 def admin_link(obj, label: str | None = None) -> str:
@@ -43,16 +103,87 @@ class StaffCanViewMixin:
 
 
 class AuditAdmin(StaffCanViewMixin, admin.ModelAdmin):
-    """Read-only unless the user is a superuser."""
+    """Read-only for everyone, superusers included (and so no delete action either).
+
+    JSON columns are left out of the form and shown by `<field>_json` display methods
+    (`json_display`) listed in `readonly_fields`, indented instead of on one line.
+    """
+
+    class Media:
+        css = {"all": ["css/admin-audit.css"]}
 
     def has_add_permission(self, request, obj=None):
-        return request.user.is_superuser
+        return False
 
     def has_change_permission(self, request, obj=None):
-        return request.user.is_superuser
+        return False
 
     def has_delete_permission(self, request, obj=None):
-        return request.user.is_superuser
+        return False
+
+    def get_exclude(self, request, obj=None):
+        return [*(super().get_exclude(request, obj) or []), *json_fields(self.model)]
+
+
+class RecentOrChosenFilter(admin.SimpleListFilter):
+    """A filter by one row of a big table: it offers the latest few and the one chosen
+    (e.g. from a turn's "N events" link), where Django's related-field filter would load
+    every turn or dispatch on each page view."""
+
+    shown = 15
+
+    def candidates(self, request) -> models.QuerySet:
+        raise NotImplementedError
+
+    def label(self, obj) -> str:
+        return str(obj)
+
+    def lookups(self, request, model_admin):
+        rows = list(self.candidates(request).order_by("-pk")[: self.shown])
+        chosen = self.value()
+        if chosen and chosen.isdigit() and all(str(row.pk) != chosen for row in rows):
+            rows = [*self.candidates(request).filter(pk=chosen), *rows]
+        return [(str(row.pk), self.label(row)) for row in rows]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if not value.isdigit():
+            return queryset.none()
+        return queryset.filter(**{self.parameter_name: value})
+
+
+class TurnFilter(RecentOrChosenFilter):
+    title = "turn"
+    parameter_name = "turn__id__exact"
+
+    def candidates(self, request):
+        return Turn.objects.select_related("conversation").only(
+            "number", "conversation__title", "conversation__id")
+
+
+class DispatchTurnFilter(TurnFilter):
+    # not "…__id__exact": the admin allows a lookup across two relations only when it is
+    # a list filter's parameter up to the field ("dispatch__turn__id")
+    parameter_name = "dispatch__turn__id"
+
+
+class DispatchFilter(RecentOrChosenFilter):
+    """With a turn chosen, that turn's dispatches."""
+
+    title = "dispatch"
+    parameter_name = "dispatch__id__exact"
+
+    def candidates(self, request):
+        rows = AgentDispatch.objects.only("agent_id", "turn_id")
+        turn = request.GET.get(TurnFilter.parameter_name) or request.GET.get(DispatchTurnFilter.parameter_name)
+        if turn and turn.isdigit():
+            rows = rows.filter(turn_id=turn)
+        return rows
+
+    def label(self, obj):
+        return f"{obj.agent_id} (#{obj.pk}, turn #{obj.turn_id})"
 
 
 class ReadOnlyInline(StaffCanViewMixin, admin.TabularInline):
@@ -75,9 +206,11 @@ class TurnInline(ReadOnlyInline):
 
 class MessageInline(ReadOnlyInline):
     model = Message
-    fields = ["seq", "role", "content", "tool_call_id"]
+    fields = ["seq", "role", "content", "tool_calls_json", "tool_call_id"]
     readonly_fields = fields
-    show_change_link = False
+    show_change_link = True
+
+    tool_calls_json = json_display("tool_calls", "tool calls")
 
 
 class DispatchInline(ReadOnlyInline):
@@ -155,18 +288,26 @@ class ConversationAdmin(EventLinksMixin, AuditAdmin):
 
 @admin.register(Turn)
 class TurnAdmin(EventLinksMixin, AuditAdmin):
-    event_filter = "turn__id__exact"
+    event_filter = TurnFilter.parameter_name
     list_display = ["id", "conversation", "owner", "number", "status", "agents_dispatched", "skill_calls", "llm_iterations", "started_at"]
     list_filter = ["status", "started_at", "conversation__owner"]
     search_fields = ["conversation__title", "conversation__owner__username", "messages__content"]
     date_hierarchy = "started_at"
-    readonly_fields = ["usage", "events_link", "started_at", "finished_at"]
+    readonly_fields = ["usage", "events_link", "orchestrator_tool_calls", "limits_json", "awaiting_json", "started_at", "finished_at"]
     inlines = [PauseInline, DispatchInline, LLMCallInline]
+
+    limits_json = json_display("limits")
+    awaiting_json = json_display("awaiting")
 
     @admin.display(description="tokens and cost")
     def usage(self, obj):
         spend = turn_spend(obj)
         return f"{spend.total.summary()} (the orchestrator: {spend.orchestrator.summary()})"
+
+    @admin.display(description="the orchestrator's tool calls")
+    def orchestrator_tool_calls(self, obj):
+        messages = obj.messages.filter(role=Message.Role.ASSISTANT).exclude(tool_calls=[]).order_by("seq")
+        return tool_calls_html([call for message in messages for call in message.tool_calls])
 
     @admin.display(ordering="conversation__owner__username")
     def owner(self, obj):
@@ -178,13 +319,20 @@ class TurnAdmin(EventLinksMixin, AuditAdmin):
 
 @admin.register(AgentDispatch)
 class AgentDispatchAdmin(EventLinksMixin, AuditAdmin):
-    event_filter = "dispatch__id__exact"
+    event_filter = DispatchFilter.parameter_name
     list_display = ["id", "agent_id", "turn", "parent", "profile_name", "state", "outcome", "tool_calls_used", "attempts", "duration_ms", "created_at"]
-    list_filter = ["state", "outcome", "profile_name", "created_at", "turn__conversation__owner"]
+    list_filter = ["state", "outcome", "profile_name", TurnFilter, "created_at", "turn__conversation__owner"]
     search_fields = ["agent_id", "mission", "result", "turn__conversation__title"]
     date_hierarchy = "created_at"
-    readonly_fields = ["usage", "events_link", "turn_link", "parent_link", "created_at"]
+    readonly_fields = ["usage", "events_link", "turn_link", "parent_link", "skills_json", "depends_on_json",
+                       "contract_json", "awaiting_json", "transcript_json", "created_at"]
     inlines = [SkillExecutionInline, ChildDispatchInline, LLMCallInline]
+
+    skills_json = json_display("skills")
+    depends_on_json = json_display("depends_on", "depends on")
+    contract_json = json_display("contract")
+    awaiting_json = json_display("awaiting")
+    transcript_json = json_display("transcript")
 
     @admin.display(description="tokens and cost")
     def usage(self, obj):
@@ -207,11 +355,14 @@ class AgentDispatchAdmin(EventLinksMixin, AuditAdmin):
 @admin.register(SkillExecution)
 class SkillExecutionAdmin(AuditAdmin):
     list_display = ["id", "skill", "status", "dispatch", "parent", "tool_call_id", "duration_ms", "started_at"]
-    list_filter = ["status", "skill", "started_at", "dispatch__turn__conversation__owner"]
+    list_filter = ["status", "skill", DispatchTurnFilter, DispatchFilter, "started_at", "dispatch__turn__conversation__owner"]
     search_fields = ["skill", "tool_call_id", "error", "dispatch__agent_id"]
     date_hierarchy = "started_at"
-    readonly_fields = ["dispatch_link", "parent_link", "started_at"]
+    readonly_fields = ["dispatch_link", "parent_link", "arguments_json", "result_json", "started_at"]
     inlines = [ChildExecutionInline]
+
+    arguments_json = json_display("arguments")
+    result_json = json_display("result")
 
     @admin.display(description="dispatch")
     def dispatch_link(self, obj):
@@ -226,36 +377,46 @@ class SkillExecutionAdmin(AuditAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(StaffCanViewMixin, admin.ModelAdmin):
-    list_display = ["id", "created_at", "type", "summary", "conversation", "turn", "dispatch"]
-    list_filter = ["type", "created_at", "conversation__owner"]
+class EventAdmin(AuditAdmin):
+    list_display = ["id", "time", "type", "summary", "conversation", "turn", "dispatch"]
+    list_filter = ["type", TurnFilter, DispatchFilter, "created_at", "conversation__owner"]
     search_fields = ["summary", "type"]
     date_hierarchy = "created_at"
     list_select_related = ["conversation", "turn", "dispatch"]
+    readonly_fields = ["time", "payload_json"]
 
-    def has_add_permission(self, request):
-        return False
+    payload_json = json_display("payload")
 
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+    @admin.display(description="time", ordering="created_at")
+    def time(self, obj):
+        return precise_time(obj.created_at)
 
 
 @admin.register(LLMCall)
 class LLMCallAdmin(CallCostMixin, AuditAdmin):
-    list_display = ["id", "key", "turn", "dispatch", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost", "duration_ms", "created_at"]
-    list_filter = ["model", "created_at"]
+    list_display = ["id", "key", "turn", "dispatch", "model", "prompt_tokens", "completion_tokens", "cached_tokens", "cost", "duration_ms", "time"]
+    list_filter = ["model", TurnFilter, DispatchFilter, "created_at"]
     search_fields = ["key"]
     date_hierarchy = "created_at"
+    list_select_related = ["turn__conversation", "dispatch"]
+    readonly_fields = ["time", "cost", "response_json"]
+
+    response_json = json_display("response")
+
+    @admin.display(description="time", ordering="created_at")
+    def time(self, obj):
+        return precise_time(obj.created_at)
 
 
 @admin.register(Message)
 class MessageAdmin(AuditAdmin):
     list_display = ["id", "conversation", "turn", "seq", "role", "short_content", "tool_call_id"]
-    list_filter = ["role", "created_at"]
+    list_filter = ["role", TurnFilter, "created_at"]
     search_fields = ["content", "tool_call_id"]
+    list_select_related = ["conversation", "turn__conversation"]
+    readonly_fields = ["tool_calls_json", "created_at"]
+
+    tool_calls_json = json_display("tool_calls", "tool calls")
 
     @admin.display(description="content")
     def short_content(self, obj):
@@ -265,7 +426,10 @@ class MessageAdmin(AuditAdmin):
 @admin.register(TurnPause)
 class TurnPauseAdmin(AuditAdmin):
     list_display = ["id", "turn", "limit", "tripped_at", "decision", "decided_by", "decided_at"]
-    list_filter = ["limit", "decision", "tripped_at"]
+    list_filter = ["limit", "decision", TurnFilter, "tripped_at"]
+    readonly_fields = ["detail_json", "tripped_at"]
+
+    detail_json = json_display("detail")
 
 
 @admin.register(AgentProfile)

@@ -42,7 +42,8 @@ class CalendarEventAdmin(StaffCanView, admin.ModelAdmin):
 
 @admin.register(OutboxEmail)
 class OutboxEmailAdmin(StaffCanView, admin.ModelAdmin):
-    """Sent mail is a record of fact: nobody edits it afterwards."""
+    """Sent mail is a record of fact: nobody adds, edits or deletes it afterwards, superusers
+    included (as with the audit trail, orchestration/admin.py)."""
 
     list_display = ["subject", "owner", "recipients", "sent_at", "message_id"]
     list_filter = ["sent_at"]
@@ -50,7 +51,13 @@ class OutboxEmailAdmin(StaffCanView, admin.ModelAdmin):
     list_select_related = ["owner"]
     date_hierarchy = "sent_at"
 
+    def has_add_permission(self, request):
+        return False
+
     def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
     @admin.display(description="to")

@@ -1,11 +1,17 @@
-"""A staff auditor can follow one turn end to end in the admin; only superusers edit."""
+"""A staff auditor can follow one turn end to end in the admin; nobody edits it, superusers
+included."""
 
+import re
+from datetime import UTC, datetime
 from decimal import Decimal
+from unittest import mock
 
 import pytest
+from django.contrib import admin
 from django.urls import reverse
 
-from orchestration.models import Event, LLMCall, SkillExecution
+from orchestration.admin import AuditAdmin, json_fields
+from orchestration.models import AgentProfile, Event, LLMCall, Message, SkillExecution, TurnPause
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 
@@ -86,12 +92,134 @@ def test_staff_cannot_edit_the_trail(client, staff, trail):
     assert trail["turn"].status == "running"
 
 
-def test_superuser_can_edit_turns_but_not_events(client, superuser, trail):
+@pytest.fixture
+def full_trail(trail):
+    """One row of every audit model."""
+    turn = trail["turn"]
+    trail["message"] = Message.objects.create(
+        conversation=trail["conversation"], turn=turn, seq=1, role="assistant",
+        tool_calls=[{"id": "call_dispatch_1", "type": "function", "function": {
+            "name": "dispatch_agent", "arguments": '{"agent_id": "search", "mission": "<b>Find</b> overdue tasks"}'}}],
+    )
+    trail["llm_call"] = LLMCall.objects.create(turn=turn, key="orchestrator:0", model="gpt-4o-mini",
+                                               response={"content": "", "tool_calls": []})
+    trail["pause"] = TurnPause.objects.create(turn=turn, limit="turn_max_agents", detail={"completed": ["search"]})
+    return trail
+
+
+AUDIT_RECORDS = ["conversation", "turn", "parent", "outer", "event", "message", "llm_call", "pause"]
+
+
+@pytest.mark.parametrize("key", AUDIT_RECORDS)
+def test_a_superuser_reads_but_cannot_change_or_delete(client, superuser, full_trail, key):
+    record = full_trail[key]
     client.force_login(superuser)
-    page = client.get(change_url(trail["turn"])).content.decode()
-    assert 'name="_save"' in page
-    page = client.get(change_url(trail["event"])).content.decode()
-    assert 'name="_save"' not in page
+    page = client.get(change_url(record))
+    assert page.status_code == 200
+    assert 'name="_save"' not in page.content.decode()
+    assert client.post(change_url(record), {}).status_code == 403
+    delete = reverse(f"admin:{record._meta.app_label}_{record._meta.model_name}_delete", args=[record.pk])
+    assert client.get(delete).status_code == 403
+    assert client.post(delete, {"post": "yes"}).status_code == 403
+    assert type(record).objects.filter(pk=record.pk).exists()
+
+
+@pytest.mark.parametrize("key", AUDIT_RECORDS)
+def test_a_superuser_cannot_add_or_bulk_delete(client, superuser, full_trail, key):
+    record = full_trail[key]
+    name = f"admin:{record._meta.app_label}_{record._meta.model_name}"
+    client.force_login(superuser)
+    assert client.get(reverse(f"{name}_add")).status_code == 403
+    changelist = client.get(reverse(f"{name}_changelist"))
+    assert changelist.status_code == 200
+    assert "delete_selected" not in changelist.content.decode()
+    client.post(reverse(f"{name}_changelist"), {"action": "delete_selected", "_selected_action": [record.pk], "post": "yes"})
+    assert type(record).objects.filter(pk=record.pk).exists()
+
+
+def test_agent_profiles_stay_editable(client, superuser):
+    profile = AgentProfile.objects.create(name="checker", system_prompt="Look things up.")
+    client.force_login(superuser)
+    assert 'name="_save"' in client.get(change_url(profile)).content.decode()
+    assert client.get(reverse("admin:orchestration_agentprofile_add")).status_code == 200
+
+
+def test_every_json_column_of_the_audit_is_shown_indented():
+    """A JSON column added later must get its `<field>_json` display, or it disappears."""
+    for model, model_admin in admin.site._registry.items():
+        if isinstance(model_admin, AuditAdmin):
+            shown = model_admin.get_readonly_fields(None)
+            assert [f for f in json_fields(model) if f"{f}_json" not in shown] == [], model.__name__
+
+
+def test_event_times_show_milliseconds(client, staff, trail):
+    at = datetime(2026, 11, 24, 14, 0, 0, 123456, tzinfo=UTC)
+    with mock.patch("django.utils.timezone.now", return_value=at):
+        event = Event.objects.create(conversation=trail["conversation"], turn=trail["turn"],
+                                     type="turn.started", summary="Turn 1 started")
+    client.force_login(staff)
+    listed = client.get(reverse("admin:orchestration_event_changelist")).content.decode()
+    assert "2026-11-24 14:00:00.123 UTC" in listed
+    assert "2026-11-24 14:00:00.123 UTC" in client.get(change_url(event)).content.decode()
+
+
+def test_payloads_are_indented_and_escaped(client, staff, trail):
+    event = Event.objects.create(
+        conversation=trail["conversation"], type="agent.subagent_created", summary="x",
+        payload={"mission": "<script>alert(1)</script>", "skills": ["tasks.search"]},
+    )
+    client.force_login(staff)
+    page = client.get(change_url(event)).content.decode()
+    assert "<script>alert(1)</script>" not in page
+    assert ('<pre class="audit-json">{\n  &quot;mission&quot;: &quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;,\n'
+            '  &quot;skills&quot;: [\n    &quot;tasks.search&quot;\n  ]\n}</pre>') in page
+
+
+def test_the_turn_shows_the_orchestrators_tool_calls(client, staff, full_trail):
+    client.force_login(staff)
+    page = client.get(change_url(full_trail["turn"])).content.decode()
+    assert "The orchestrator&#x27;s tool calls" in page
+    assert "<strong>dispatch_agent</strong>" in page and "call_dispatch_1" in page
+    # the arguments parsed from the model's JSON text, indented, the model's markup escaped
+    assert "{\n  &quot;agent_id&quot;: &quot;search&quot;,\n  &quot;mission&quot;: &quot;&lt;b&gt;Find" in page
+    assert "<b>Find</b>" not in page
+
+
+def event_ids(page: str) -> set[int]:
+    return {int(pk) for pk in re.findall(r'/admin/orchestration/event/(\d+)/change/', page)}
+
+
+def test_events_filter_by_turn_and_dispatch(client, staff, trail):
+    other_turn = turn_for(trail["conversation"], status="completed")
+    other = Event.objects.create(conversation=trail["conversation"], turn=other_turn, type="turn.started", summary="2")
+    client.force_login(staff)
+    events = reverse("admin:orchestration_event_changelist")
+    by_turn = client.get(events, {"turn__id__exact": trail["turn"].pk}).content.decode()
+    assert event_ids(by_turn) == {trail["event"].pk}
+    assert event_ids(client.get(events, {"turn__id__exact": other_turn.pk}).content.decode()) == {other.pk}
+    by_dispatch = client.get(events, {"dispatch__id__exact": trail["parent"].pk}).content.decode()
+    assert event_ids(by_dispatch) == {trail["event"].pk}
+    assert event_ids(client.get(events, {"dispatch__id__exact": trail["child"].pk}).content.decode()) == set()
+    assert event_ids(client.get(events, {"turn__id__exact": "x"}).content.decode()) == set()
+
+
+@pytest.mark.parametrize(
+    "model, query",
+    [
+        ("llmcall", "turn__id__exact"),
+        ("llmcall", "dispatch__id__exact"),
+        ("skillexecution", "dispatch__id__exact"),
+        ("skillexecution", "dispatch__turn__id"),
+        ("message", "turn__id__exact"),
+        ("agentdispatch", "turn__id__exact"),
+        ("turnpause", "turn__id__exact"),
+    ],
+)
+def test_the_trail_filters_by_turn_and_dispatch(client, staff, full_trail, model, query):
+    value = full_trail["parent"].pk if query.startswith("dispatch__id") else full_trail["turn"].pk
+    client.force_login(staff)
+    page = client.get(reverse(f"admin:orchestration_{model}_changelist"), {query: value})
+    assert page.status_code == 200  # a lookup the admin does not allow redirects to ?e=1
 
 
 def test_non_staff_cannot_open_admin(client, alice, trail):

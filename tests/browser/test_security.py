@@ -17,6 +17,7 @@ from orchestration.events import event_record
 from tests.browser.conftest import assert_timeline_complete, wait_turn
 from tests.factories import conversation_for, turn_for
 from benchmarks.llm_server import Agent, Plan
+from benchmarks.processes import production_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -165,3 +166,20 @@ def test_model_output_cannot_run_script_or_call_out(servers, visit, alice, llm, 
     # e.g. "Refused to execute inline event handler …": something got past the sanitiser
     assert [text for text in alice_tab.console_errors if not text.startswith(HTMX_DETACHED_FORM)] == []
     alice_tab.screenshot(request.node, "xss-rendered")
+
+
+
+def test_a_missing_page_is_styled_and_breaks_no_policy(servers, visit, alice, request):
+    """With DEBUG off, as in production (with it on, Django's technical page has inline
+    styles the CSP refuses, and no way back)."""
+    alice_tab = visit(servers(workers=0, env=production_env()), "alice")
+    response = alice_tab.goto("/no/such/page/")
+    assert response.status == 404
+    page = alice_tab.page
+    expect(page.locator("h1")).to_have_text("Page not found")
+    expect(page.locator(".topbar")).to_contain_text("alice")
+    alice_tab.screenshot(request.node, "404")
+    page.get_by_role("link", name="Back to your conversations").click()
+    expect(page.locator(".conversations")).to_be_attached()
+    # chromium reports the page's own 404 status; anything else (a refused inline style) is a fault
+    assert [text for text in alice_tab.console_errors if "status of 404" not in text] == []

@@ -55,3 +55,13 @@ def test_sent_mail_cannot_be_edited_even_by_a_superuser(client, superuser, recor
         reverse("admin:skills_outboxemail_change", args=[email.pk]), {"subject": "rewritten"}
     )
     assert page.status_code == 403
+
+
+def test_sent_mail_cannot_be_added_or_deleted_even_by_a_superuser(client, superuser, records):
+    client.force_login(superuser)
+    email = OutboxEmail.objects.get()
+    assert client.get(reverse("admin:skills_outboxemail_add")).status_code == 403
+    assert client.post(reverse("admin:skills_outboxemail_delete", args=[email.pk]), {"post": "yes"}).status_code == 403
+    changelist = client.get(reverse("admin:skills_outboxemail_changelist")).content.decode()
+    assert "delete_selected" not in changelist
+    assert OutboxEmail.objects.filter(pk=email.pk).exists()
