@@ -1,10 +1,12 @@
 """What the live page receives: HTML fragments for events it has not seen yet.
 
-Every fragment is an htmx out-of-band swap with a stable id — rows are appended to
-their turn's (or agent's) group, state panels (messages, composer, continue? prompt,
-agent graph, counters) are replaced whole — so a repeated push does no harm (the page's
-static/js/live.js drops appended rows it already has) and the next push after a dropped
-one repairs the gap, because it sends everything after the last event sent.
+Every fragment is an htmx out-of-band swap with a stable id — rows are appended to the
+one timeline list (the page puts a row that committed late in its place by event id),
+state panels (messages, composer, continue? prompt, agent graph, counters) are replaced
+whole — so a repeated push does no harm (the page's static/js/live.js drops appended rows
+it already has) and the next push after a dropped one repairs the gap, because it sends
+everything after the last event sent. The page's own posts get no panels back: these
+pushes are their one source (assistant/views.py `_after_change`).
 """
 
 from __future__ import annotations
@@ -79,7 +81,13 @@ def render_draft(conversation: Conversation, cursor: Cursor) -> str:
     if not cursor.turn_running:
         return ""
     draft = (Turn.objects.filter(conversation_id=conversation.pk, status=TurnStatus.RUNNING)
-             .values_list("answer_draft", flat=True).first()) or ""
+             .values_list("answer_draft", flat=True).first())
+    if draft is None:
+        # No turn runs now (it ended, paused or waits on agents since this socket read its
+        # events): the panels just rendered may hold no placeholder, and a draft pushed at
+        # none is an htmx:oobErrorNoTarget. The panels show the turn's state already.
+        return ""
+    draft = draft or ""
     if draft == cursor.draft:
         return ""
     cursor.draft = draft

@@ -53,21 +53,29 @@ def conversation_create(request):
 @require_GET
 @owned_conversation
 def conversation_detail(request, conversation):
-    timeline, last_event_id = selectors.timeline_groups(conversation=conversation)
+    timeline = list(selectors.timeline(conversation=conversation))
+    last_event_id = timeline[-1].pk if timeline else 0
     context = {**panel_context(conversation), "oob": False, "timeline": timeline,
                "replay_from": replay_floor(conversation.pk, last_event_id)}
     return render(request, "conversations/detail.html", context)
 
 
 def _after_change(request, conversation, error: str = ""):
-    """htmx gets the fresh panels as out-of-band swaps; a plain form gets a redirect."""
+    """htmx gets an empty 204 (or a refusal for the composer's error slot); a plain form
+    gets a redirect.
+
+    The page's socket pushes every panel the change affects (assistant/live.py), so the
+    reply carries none. It used to carry them as out-of-band swaps too, and lost a race:
+    when the push replaced the form before the reply arrived, htmx looked for the reply's
+    targets from the detached form (its root node, not the document), found none and
+    logged `htmx:oobErrorNoTarget` for every panel. One source of the panels, no race.
+    """
     if request.htmx:
-        response = render(request, "conversations/panels.html", panel_context(conversation))
-        if error:
-            response.status_code = 409
-            response.content = f'<p class="notice error" id="composer-error">{escape(error)}</p>'.encode()
-            response["HX-Retarget"] = "#composer-error-slot"
-            response["HX-Reswap"] = "innerHTML"
+        if not error:
+            return HttpResponse(status=204)
+        response = HttpResponse(f'<p class="notice error" id="composer-error">{escape(error)}</p>', status=409)
+        response["HX-Retarget"] = "#composer-error-slot"
+        response["HX-Reswap"] = "innerHTML"
         return response
     if error:
         messages.error(request, error)

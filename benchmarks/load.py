@@ -436,7 +436,7 @@ class VirtualUser:
         self.turn_number += 1
         started = time.monotonic()
         posted = await self.request(
-            "post", "POST", path + "messages/",
+            "post", "POST", path + "messages/", expect=(204,),  # the socket brings the panels
             headers={"HX-Request": "true", "HX-Current-URL": self.base_url + path, "X-CSRFToken": header_token,
                      **self._form_headers(path)},
             data={"csrfmiddlewaretoken": form_token, "text": f"Load test {self.username}, message {self.turn_number}"})

@@ -156,21 +156,3 @@ def conversation_usage(*, conversation: Conversation) -> Spend:
 def timeline(*, conversation: Conversation):
     """Every event of the conversation, oldest first, for the first render of the page."""
     return conversation.events.for_timeline().order_by("id")
-
-
-def timeline_groups(*, conversation: Conversation) -> tuple[list[dict], int]:
-    """The timeline grouped by turn, then by sub-agent; and the last event id shown."""
-    turns: dict = {}
-    dispatch_groups: dict = {}
-    last_id = 0
-    for event in timeline(conversation=conversation):
-        last_id = event.pk
-        group = turns.setdefault(event.turn_id, {"turn": event.turn, "items": []})
-        if event.dispatch_id is None:
-            group["items"].append({"event": event})
-            continue
-        if event.dispatch_id not in dispatch_groups:
-            dispatch_groups[event.dispatch_id] = {"dispatch": event.dispatch, "events": []}
-            group["items"].append(dispatch_groups[event.dispatch_id])
-        dispatch_groups[event.dispatch_id]["events"].append(event)
-    return list(turns.values()), last_id

@@ -1,6 +1,7 @@
 from django import template
 from django.utils.safestring import mark_safe
 
+from assistant.payloads import render_payload
 from assistant.rendering import render_markdown
 from orchestration.usage import Spend
 
@@ -30,3 +31,9 @@ def cost(value) -> str:
 def spend(value) -> str:
     """A spend's tokens and cost: "1234 tokens · $0.0123"."""
     return _spend(value).summary()
+
+
+@register.filter
+def payload(value) -> str:
+    """An event's payload as a key/value table (see assistant/payloads.py), escaped."""
+    return render_payload(value)

@@ -1,24 +1,76 @@
-// Keep live pushes idempotent: a row or group the page already has is not appended again
-// (a connect replays the few events just before the page's last one; the server may resend).
+function eventId(row) {
+  return row && row.id && row.id.indexOf("event-") === 0 ? parseInt(row.id.slice("event-".length), 10) || 0 : 0;
+}
+
+// Keep live pushes idempotent: a row the page already has is not appended again (a
+// connect replays the few events just before the page's last one; the server may resend).
+// And keep the timeline in event-id order: a row that committed late (ids are taken at
+// insert, not at commit) goes before the first row with a larger id, not at the end.
 document.addEventListener("htmx:oobBeforeSwap", function (evt) {
   var fragment = evt.detail.fragment;
   if (!fragment || !fragment.children) return;
+  var target = evt.detail.target;
   Array.prototype.slice.call(fragment.children).forEach(function (child) {
-    if (child.id && evt.detail.target.id !== child.id && document.getElementById(child.id)) {
+    if (child.id && target.id !== child.id && document.getElementById(child.id)) {
       child.remove();
+      return;
     }
+    if (target.id !== "timeline") return;
+    var id = eventId(child), later = null;
+    for (var row = target.lastElementChild; row && eventId(row) > id; row = row.previousElementSibling) later = row;
+    if (id && later) target.insertBefore(child, later);
   });
-  if (fragment.children.length === 0 && !evt.detail.target.matches("[hx-swap-oob]")) {
+  if (fragment.children.length === 0 && !target.matches("[hx-swap-oob]")) {
     evt.detail.shouldSwap = false;
   }
   var empty = document.getElementById("timeline-empty");
-  if (empty && evt.detail.target.closest && evt.detail.target.closest("#timeline")) empty.remove();
+  if (empty && target.closest && target.closest("#timeline")) empty.remove();
 });
+
+// The timeline follows the run while the user is at its bottom; scrolled up, they keep
+// their place and a "jump to latest" button offers the way back down.
+(function () {
+  var following = true;
+
+  function box() { return document.getElementById("timeline"); }
+  function jump() { return document.getElementById("timeline-jump"); }
+  function atBottom(el) { return el.scrollHeight - el.scrollTop - el.clientHeight < 8; }
+  function toBottom() {
+    var el = box();
+    if (el) el.scrollTop = el.scrollHeight;
+    following = true;
+    if (jump()) jump().hidden = true;
+  }
+
+  document.addEventListener("scroll", function (evt) {
+    if (evt.target !== box()) return;
+    following = atBottom(evt.target);
+    if (following && jump()) jump().hidden = true;
+  }, true);
+  document.addEventListener("click", function (evt) {
+    if (evt.target.closest && evt.target.closest("#timeline-jump")) toBottom();
+  });
+  document.addEventListener("htmx:oobAfterSwap", function (evt) {
+    if (!evt.detail.target || evt.detail.target.id !== "timeline") return;
+    if (following) toBottom();
+    else if (jump()) jump().hidden = false;
+  });
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", toBottom);
+  else toBottom();
+})();
 
 // After an htmx post the composer is replaced; give the new textarea the focus back.
 document.addEventListener("htmx:afterSettle", function () {
   var box = document.querySelector("#composer textarea:not([disabled])");
   if (box && document.activeElement === document.body) box.focus();
+});
+
+// A sent message is done with: the reply is an empty 204 (the socket brings the panels),
+// so nothing else clears the box, and the push below must not carry the text over.
+document.addEventListener("htmx:afterRequest", function (evt) {
+  if (!evt.detail.successful || !evt.detail.elt.matches || !evt.detail.elt.matches("form.composer")) return;
+  var box = document.querySelector("#composer textarea");
+  if (box) box.value = "";
 });
 
 // A push replaces the composer whole (its state comes from the server); keep what the
@@ -42,7 +94,7 @@ document.addEventListener("htmx:oobBeforeSwap", function (evt) {
     var parsed = new URL(url, location.href);
     var last = parseInt(parsed.searchParams.get("last"), 10) || 0;
     document.querySelectorAll('#timeline [id^="event-"]').forEach(function (row) {
-      last = Math.max(last, parseInt(row.id.slice("event-".length), 10) || 0);
+      last = Math.max(last, eventId(row));
     });
     parsed.searchParams.set("last", last);
     return create(parsed.href);

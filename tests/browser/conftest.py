@@ -205,19 +205,44 @@ def browser():
 
 @dataclass
 class Visitor:
-    """One person's browser tab, with what it saw: dialogs, requests, console errors."""
+    """One person's browser tab, with what it saw: dialogs, requests, console errors, and
+    requests that failed (a 4xx/5xx answer, or none at all).
+
+    At the end of every test (the `visit` fixture) no tab may have logged a console error
+    or seen a failed request, except those the test declared with `expect_failure`."""
 
     page: object  # playwright.sync_api.Page
     base_url: str
     dialogs: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     console_errors: list[str] = field(default_factory=list)
+    failed_requests: list[str] = field(default_factory=list)
+    expected_failures: list[re.Pattern] = field(default_factory=list)
 
     def __post_init__(self):
         self.page.set_default_timeout(WAIT_MS)
         self.page.on("dialog", self._dialog)
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda error: self.console_errors.append(f"uncaught: {error}"))
+        self.page.on("response", lambda r: self.failed_requests.append(f"{r.status} {r.request.method} {r.url}")
+                     if r.status >= 400 else None)
+        self.page.on("requestfailed", self._request_failed)
+
+    def _request_failed(self, request) -> None:
+        # A beacon outlives its page by design (static/js/timezone.js): the browser still
+        # delivers it when a click leaves the page, but reports it aborted there.
+        if request.resource_type == "ping" and request.failure == "net::ERR_ABORTED":
+            return
+        self.failed_requests.append(f"failed ({request.failure}) {request.resource_type} {request.method} {request.url}")
+
+    def expect_failure(self, pattern: str) -> None:
+        """A console error or failed request this test causes on purpose (a regex, searched)."""
+        self.expected_failures.append(re.compile(pattern))
+
+    def unexpected_errors(self) -> list[str]:
+        return [text for text in self.console_errors + self.failed_requests
+                if not any(pattern.search(text) for pattern in self.expected_failures)]
 
     def _dialog(self, dialog):
         self.dialogs.append(f"{dialog.type}: {dialog.message}")
@@ -248,7 +273,7 @@ class Visitor:
         self.page.fill("#composer textarea[name=text]", text)
         with self.page.expect_response(re.compile(r"/messages/$")) as posted:
             self.page.click("#send-button")
-        assert posted.value.status == 200, posted.value.text()
+        assert posted.value.status == 204, posted.value.text()  # the socket brings the panels
 
     def event_ids(self) -> list[int]:
         """Every timeline row in the page, in document order (duplicates kept)."""
@@ -308,9 +333,10 @@ def visit(browser, request) -> Callable[..., Visitor]:
                 pass
     for context in contexts:
         context.close()
-    # whatever a test looked at, no page may have opened a dialog or called out
-    seen = [(v.dialogs, v.outside_requests()) for v in visitors]
-    assert all(dialogs == [] and outside == [] for dialogs, outside in seen), seen
+    # whatever a test looked at, no page may have opened a dialog, called out, logged an
+    # error or had a request fail (unless the test said it would)
+    seen = [(v.dialogs, v.outside_requests(), v.unexpected_errors()) for v in visitors]
+    assert all(seen_one == ([], [], []) for seen_one in seen), seen
 
 
 # --- waiting on the database --------------------------------------------------------------
@@ -331,7 +357,8 @@ def wait_turn(conversation_id: int, site: Site, *, statuses=FINISHED, timeout: f
 
 
 def assert_timeline_complete(visitor: Visitor, conversation_id: int) -> list[int]:
-    """Every event of the conversation is in the page exactly once (after the page caught up)."""
+    """Every event of the conversation is in the page exactly once (after the page caught
+    up), in event-id order."""
     from orchestration.models import Event
 
     stored = list(Event.objects.filter(conversation_id=conversation_id).order_by("id").values_list("id", flat=True))
@@ -342,6 +369,7 @@ def assert_timeline_complete(visitor: Visitor, conversation_id: int) -> list[int
     doubled = sorted({i for i in shown if shown.count(i) > 1})
     assert doubled == [], f"rows shown more than once: {doubled}"
     assert sorted(shown) == stored
+    assert shown == stored, "the timeline is not in event-id order"
     return stored
 
 

@@ -93,8 +93,10 @@ def test_a_turn_is_seen_live_without_a_reload(servers, visit, alice, llm, reques
     shown = assert_timeline_complete(alice_tab, conversation_id)
     assert len(shown) > rows_while_running
     assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
-    expect(page.locator("#timeline .turn-group")).to_have_count(1)
-    expect(page.locator("#timeline details.agent-group")).to_have_count(3)
+    # one flat list in event-id order (assert_timeline_complete), each row naming its agent
+    expect(page.locator("#timeline .event.type-turnstarted")).to_have_count(1)
+    who = page.eval_on_selector_all("#timeline .event .who", "els => els.map(e => e.textContent.trim())")
+    assert {"orchestrator", "calendar", "tasks", "notes"} <= set(who), who
 
     alice_tab.screenshot(request.node, "dashboard")
     alice_tab.screenshot(request.node, "chat", ".chat")
@@ -137,7 +139,7 @@ def test_a_tripped_limit_asks_and_continue_finishes_the_turn(servers, visit, ali
 
     with page.expect_response(lambda r: r.url.endswith("/continue/")) as answered:
         page.click("#continue-button")
-    assert answered.value.status == 200
+    assert answered.value.status == 204
 
     expect(page.locator("#messages .message.assistant", has_text="Created three tasks.")).to_be_visible()
     expect(page.locator("#pause-prompt .pause")).to_have_count(0)
@@ -175,8 +177,9 @@ def test_a_reload_mid_turn_misses_and_doubles_nothing(servers, visit, alice, llm
     assert turn.status == "completed", turn.error
     expect(page.locator("#messages .message.assistant .content")).to_have_text("Searched four times.")
     assert_timeline_complete(alice_tab, conversation_id)
-    groups = page.eval_on_selector_all("#timeline .turn-group, #timeline .agent-group", "els => els.map(e => e.id)")
-    assert len(groups) == len(set(groups)) == 1 + AgentDispatch.objects.filter(turn=turn).count()
+    expect(page.locator("#timeline .event.type-turnstarted")).to_have_count(1)
+    who = page.eval_on_selector_all("#timeline .event .who", "els => els.map(e => e.textContent.trim())")
+    assert set(who) == {"orchestrator"} | set(AgentDispatch.objects.filter(turn=turn).values_list("agent_id", flat=True))
     expect(page.locator("#messages .message.assistant")).to_have_count(1)
     alice_tab.screenshot(request.node, "after-reloads")
 
@@ -201,6 +204,9 @@ def test_a_reconnect_replays_from_the_last_event_the_page_holds(servers, visit, 
     pushed = record_events(finished, 3)
     page.wait_for_selector(f"#event-{max(pushed)}", state="attached")
 
+    # daphne is down on purpose: the extension's reconnect attempts fail until it is back
+    alice_tab.expect_failure(r"^WebSocket connection to 'ws://[^']+/ws/conversations/\d+/\?last=\d+' failed")
+    alice_tab.expect_failure(r"^\[object Event\]$")  # htmx's ws extension logs each failed attempt
     site.stop_web()
     page.wait_for_function("() => window.__socketOpen === false")
     held = max(alice_tab.event_ids())

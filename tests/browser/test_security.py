@@ -42,6 +42,11 @@ class TestAnOutsider:
 
     def test_cannot_open_alices_pages(self, servers, visit, alices, bob):
         bob_tab = visit(servers(workers=0), "bob")
+        bob_tab.expect_failure(rf"^404 GET .*/conversations/{alices.pk}/")
+        bob_tab.expect_failure("the server responded with a status of 404")
+        # Django's bare 404 page trips the CSP (an inline style); the styled error pages of
+        # issue 16 are another part of it: drop this line when they land.
+        bob_tab.expect_failure("^Applying inline style violates the following Content Security Policy")
         for path in (f"/conversations/{alices.pk}/", f"/conversations/{alices.pk}/audit/",
                      f"/conversations/{alices.pk}/audit.json"):
             response = bob_tab.goto(path)
@@ -95,10 +100,6 @@ XSS = [
     "[a safe link](https://example.com/ \"title\")",
 ]
 CORPUS = "Here is what you asked for.\n\n" + "\n\n".join(XSS)
-
-# htmx 2.0.10 drops a response's out-of-band fragments when a socket push replaced the form
-# that sent the request meanwhile (htmx issue #3959); the push already showed the same state.
-HTMX_DETACHED_FORM = "htmx:oobErrorNoTarget"
 
 # Looks at what reached the page: live markup from model output, in the chat or timeline.
 LIVE_MARKUP = """
@@ -164,7 +165,7 @@ def test_model_output_cannot_run_script_or_call_out(servers, visit, alice, llm, 
     expect(answer.locator("a[href='https://example.com/']")).to_have_count(1)
     expect(answer).to_contain_text("markdown javascript link")
     # e.g. "Refused to execute inline event handler …": something got past the sanitiser
-    assert [text for text in alice_tab.console_errors if not text.startswith(HTMX_DETACHED_FORM)] == []
+    assert alice_tab.console_errors == []
     alice_tab.screenshot(request.node, "xss-rendered")
 
 

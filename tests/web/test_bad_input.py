@@ -71,7 +71,7 @@ def test_a_plain_form_refusal_is_flashed_on_the_conversation(alice_client, conve
 
 
 def test_a_message_at_the_limit_is_accepted(send):
-    assert send("y" * MAX_MESSAGE_CHARS).status_code == 200
+    assert send("y" * MAX_MESSAGE_CHARS).status_code == 204
     assert Turn.objects.get().status == "running"
     assert Message.objects.get().content == "y" * MAX_MESSAGE_CHARS
 

@@ -92,7 +92,7 @@ def test_the_token_in_the_htmx_header_is_accepted(strict, ids):
     url = reverse("turn_stop", args=[ids["conversation_id"], ids["turn_id"]])
     token = csrf_token(strict, reverse("conversation_detail", args=[ids["conversation_id"]]))
     response = strict.post(url, HTTP_X_CSRFTOKEN=token, HTTP_HX_REQUEST="true")
-    assert response.status_code == 200
+    assert response.status_code == 204
     assert TurnPause.objects.get().decision == "stop"
 
 
