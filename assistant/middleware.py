@@ -7,6 +7,9 @@ WebSockets to our own host only.
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.shortcuts import render
+
 from django.utils import timezone
 
 from assistant.preferences import stored_time_zone
@@ -53,3 +56,19 @@ class TimeZoneMiddleware:
         request.detect_time_zone = request.user.is_authenticated and not name
         with timezone.override(name or None):  # None: settings.TIME_ZONE
             return self.get_response(request)
+
+
+class StyledNotFoundMiddleware:
+    """A 404 is the site's own page even with DEBUG on (the demo's default): Django's
+    technical 404 page has inline styles the CSP blocks and no way back. The admin keeps
+    Django's own."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if (settings.DEBUG and response.status_code == 404 and not request.path.startswith("/admin/")
+                and response.get("Content-Type", "").startswith("text/html")):
+            return render(request, "404.html", status=404)
+        return response

@@ -19,6 +19,7 @@ from orchestration import dispatches as lifecycle
 from orchestration.events import event_record
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import ToolCall
+from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import AgentDispatch, AgentProfile, Turn
 from orchestration.toolcalls import parse_arguments
 from orchestration.tooldefs import dispatch_agent_parameters
@@ -275,4 +276,8 @@ def dispatch_result_json(agent_id: str) -> str:
 
 
 def model_for(profile: AgentProfile | None) -> str:
+    """The model the agent's calls go to. Offline, that is the planner, whatever a
+    profile or the settings name: a record names the model that actually answers."""
+    if settings.ASSISTANT_LLM_PROVIDER == "offline":
+        return OFFLINE_MODEL
     return (profile.model if profile and profile.model else "") or settings.ASSISTANT_AGENT_MODEL

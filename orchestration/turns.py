@@ -13,8 +13,11 @@ from orchestration.events import event_record, group_notify
 from orchestration.history import message_append
 from orchestration.leases import lease_until
 from orchestration.limits import Limits
-from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Message, Turn, TurnPause, TurnStatus
+from orchestration.models import (
+    ACTIVE_TURN_STATUSES, Conversation, DispatchOutcome, Message, SkillExecution, Turn, TurnPause, TurnStatus,
+)
 from orchestration.tasks import enqueue_orchestrator_step
+from skills.models import ExecutionStatus
 from skills.validation import unstorable_text
 
 MAX_MESSAGE_CHARS = 8000
@@ -113,6 +116,9 @@ def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
     if turn is None:
         return
     lifecycle.turn_dispatches_close(turn, reason="the turn was answered before this agent finished")
+    shortfall = shortfall_note(turn)
+    if shortfall:  # the model's answer may claim more than happened: the record says what did not
+        message_append(turn=turn, role=Message.Role.NOTICE, content=shortfall)
     event_record(
         type="turn.completed", turn=turn, summary=f"Turn {turn.number} answered",
         payload={"answer_message_id": answer.pk, "llm_iterations": turn.llm_iterations,
@@ -120,6 +126,32 @@ def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
                  "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens},
     )
     turn.conversation.save(update_fields=["updated_at"])
+
+
+def shortfall_note(turn: Turn) -> str:
+    """What did not go as asked, from the engine's own records (agents that did not
+    complete, skill calls that failed), in a line or two; "" when everything did.
+
+    Written by the engine after the model's answer, so the chat never shows a claim of
+    success the audit contradicts."""
+    agents = list(turn.dispatches.order_by("id").values_list("agent_id", "outcome", "error", "close_reason"))
+    missed = [(agent_id, outcome or "closed", error or reason) for agent_id, outcome, error, reason in agents
+              if outcome != DispatchOutcome.COMPLETED]
+    failed_calls = list(SkillExecution.objects.filter(dispatch__turn=turn)
+                        .exclude(status__in=[ExecutionStatus.COMPLETED, ExecutionStatus.RUNNING])
+                        .order_by("id").values_list("skill", "status"))
+    parts = []
+    if missed:
+        named = "; ".join(f"**{agent_id}** {outcome.replace('_', ' ')}" + (f" ({why[:160]})" if why else "")
+                          for agent_id, outcome, why in missed[:5])
+        more = f"; and {len(missed) - 5} more" if len(missed) > 5 else ""
+        parts.append(f"{len(missed)} of {len(agents)} agent{'s' if len(agents) != 1 else ''} did not complete: "
+                     f"{named}{more}.")
+    if failed_calls:
+        skills = ", ".join(sorted({skill for skill, _ in failed_calls}))
+        count = len(failed_calls)
+        parts.append(f"{count} skill call{'s' if count != 1 else ''} failed ({skills}).")
+    return ("From the engine's record: " + " ".join(parts)) if parts else ""
 
 
 @transaction.atomic

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from orchestration.llm.base import LLMResponse, ToolCall, Usage
 
+OFFLINE_MODEL = "offline-planner"
 BANNER = "*(Offline planner — no LLM API key is configured, so this answer was planned by simple rules.)*"
 PLAN_MARKER = "Planned call: "
 PRIOR_PLACEHOLDER = "{{prior_results}}"
@@ -37,7 +38,7 @@ class OfflineProvider:
             response = _orchestrator_reply(messages)
         text = json.dumps(messages)
         usage = Usage(prompt_tokens=len(text) // 4, completion_tokens=len(json.dumps(response.to_json())) // 4)
-        return LLMResponse(response.content, response.tool_calls, "stop", usage, "offline-planner")
+        return LLMResponse(response.content, response.tool_calls, "stop", usage, OFFLINE_MODEL)
 
     async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict], on_text=None) -> LLMResponse:
         return self.complete(model=model, messages=messages, tools=tools)  # instant: nothing to stream

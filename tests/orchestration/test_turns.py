@@ -33,3 +33,41 @@ def test_the_first_request_names_the_conversation_and_the_next_does_not(alice):
     turn_start(conversation=conversation, text="add a task: renew passport")
     conversation.refresh_from_db()
     assert conversation.title == "find my overdue tasks, email them to…"
+
+
+# --- the engine's own account of what did not go as asked (issue 16) -------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_an_answer_that_claims_success_is_followed_by_the_engines_record_of_failures(llm, run_turn):
+    from benchmarks.llm_server import Agent, Plan
+
+    llm.respond = Plan([
+        Agent("finder", ["tasks.search"], [("tasks.search", {"status": "open"})]),
+        Agent("writer", ["tasks.search"], [("tasks.create", {"title": "not granted"})], report="Done."),
+    ], answer="All four agents ran and everything worked.", discover=False)
+    turn = run_turn()
+    assert turn.status == "completed", turn.error
+    chat = list(turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).order_by("seq")
+                .values_list("role", "content"))
+    assert chat[-2] == ("assistant", "All four agents ran and everything worked.")
+    role, note = chat[-1]
+    assert role == "notice" and note.startswith("From the engine's record:")
+    assert "1 skill call failed (tasks.create)" in note
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_where_everything_went_as_asked_gets_no_note(llm, run_turn):
+    from benchmarks.llm_server import Agent, Plan
+
+    llm.respond = Plan([Agent("finder", ["tasks.search"], [("tasks.search", {"status": "open"})])],
+                       answer="Found them.", discover=False)
+    turn = run_turn()
+    assert not turn.messages.filter(role="notice").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_offline_dispatches_name_the_planner_as_their_model(run_turn, settings):
+    settings.ASSISTANT_LLM_PROVIDER = "offline"
+    turn = run_turn("add a task: renew passport")
+    assert set(turn.dispatches.values_list("model", flat=True)) == {"offline-planner"}
+    assert set(turn.llm_calls.values_list("model", flat=True)) == {"offline-planner"}

@@ -99,3 +99,11 @@ def test_a_server_error_is_served_with_the_styled_page(client):
     response = client.get("/broken/")
     assert_styled(response, 500, "Something went wrong")
     assert response["Content-Security-Policy"] == POLICY
+
+
+@pytest.mark.parametrize("path", ["/no/such/page/", "/conversations/999999/"])
+def test_with_debug_on_the_demo_shows_the_styled_404_too(alice_client, settings, path):
+    """`make run` runs with DEBUG on: Django's technical 404 has inline styles the CSP
+    blocks and no way back."""
+    settings.DEBUG = True
+    assert_styled(alice_client.get(path), 404, "Page not found")

@@ -100,9 +100,13 @@ def _answer(turn: Turn) -> str:
     pause = turn.pauses.filter(decision="").first() if turn.status == TurnStatus.PAUSED else None
     if pause is not None:  # the chat keeps a one-line record; the question is the prompt's
         return pause_question(pause.limit, pause.detail)
-    answer = (turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).exclude(content="")
-              .order_by("-seq").first())
-    return answer.content if answer else f"(no answer; the turn is {turn.status})"
+    shown = turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).exclude(content="").order_by("seq")
+    answer = shown.filter(role="assistant").last()
+    if answer is None:
+        last = shown.last()
+        return last.content if last else f"(no answer; the turn is {turn.status})"
+    notes = shown.filter(seq__gt=answer.seq).values_list("content", flat=True)  # the engine's, after it
+    return "\n\n".join([answer.content, *notes])
 
 
 class _Printed:
