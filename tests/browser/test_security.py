@@ -182,3 +182,16 @@ def test_a_missing_page_is_styled_and_breaks_no_policy(servers, visit, alice, re
     alice_tab.screenshot(request.node, "404")
     page.get_by_role("link", name="Back to your conversations").click()
     expect(page.locator(".conversations")).to_be_attached()
+
+
+def test_the_admins_audit_pages_log_no_console_error(servers, visit, staff, alice, request):
+    """The visit fixture fails the test on any console error or failed request: the
+    admin's pages (which name no icon of their own) included."""
+    conversation = conversation_for(alice, title="Audited")
+    event_record(type="turn.started", turn=turn_for(conversation), summary="Turn 1 started")
+    staff_tab = visit(servers(workers=0), "staff")
+    for path in ("/admin/", "/admin/orchestration/event/", "/admin/orchestration/conversation/"):
+        response = staff_tab.goto(path)
+        assert response.status == 200, path
+    expect(staff_tab.page.locator("#result_list")).to_contain_text("Audited")
+    staff_tab.page.wait_for_load_state("networkidle")  # the icon request too

@@ -107,3 +107,9 @@ def test_with_debug_on_the_demo_shows_the_styled_404_too(alice_client, settings,
     blocks and no way back."""
     settings.DEBUG = True
     assert_styled(alice_client.get(path), 404, "Page not found")
+
+
+def test_the_browsers_favicon_request_finds_an_icon(client):
+    """The admin's pages name no icon, so the browser asks for /favicon.ico on each."""
+    response = client.get("/favicon.ico")
+    assert response.status_code == 301 and response["Location"].endswith("favicon.svg")
