@@ -33,6 +33,6 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     # Pages that name no icon (the admin's) make the browser ask for this one: a 404
     # there is a console error on every admin page.
-    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True), name="favicon"),
     path("admin/", admin.site.urls),
 ]

@@ -36,7 +36,7 @@ ID_ROUTES = [route for route in APP_ROUTES if route.arguments]
 ADMIN_ROUTES = [route for route in ROUTES if route.is_admin]
 
 # Open to anyone; every other route needs a login.
-PUBLIC = {"login", "logout", "healthz"}
+PUBLIC = {"login", "logout", "healthz", "favicon"}
 # Staff may read any conversation's audit trail, but not open the conversation or act on it.
 STAFF_READABLE = {"conversation_audit", "conversation_export"}
 
