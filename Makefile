@@ -31,7 +31,7 @@ run: demo
 ## Install everything the tests need (Debian's chromium for the browser tests too: as
 ## root, e.g. in CI; otherwise those tests are skipped), then run the whole suite, in
 ## TEST_PROCESSES processes (a test file stays in one; the live tests mostly wait).
-TEST_PROCESSES ?= 2
+TEST_PROCESSES ?= 3
 test: install
 	@test -x /usr/bin/chromium || if [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
