@@ -9,6 +9,9 @@ class OrchestrationConfig(AppConfig):
         from django_q.signals import post_spawn
 
         from orchestration import checks  # noqa: F401 - registers the system checks
+        from orchestration import taskqueue
+
+        taskqueue.install()  # before a qcluster creates its queue and forks its workers
 
         from orchestration.warmup import warm_up
 

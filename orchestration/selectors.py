@@ -25,6 +25,20 @@ def conversations_for(*, user) -> QuerySet[Conversation]:
     ).order_by("-updated_at", "-id")
 
 
+# Every state a page shows, in words: a turn's status, an agent's displayed state (see
+# display_state) and a skill call's status share one vocabulary. Unknown states show as they are.
+STATE_WORDS = {
+    "created": "queued", "running": "running", "waiting": "waiting for its agents",
+    "paused": "paused: waiting for you", "completed": "completed", "failed": "failed",
+    "stopped": "stopped", "reported": "reported, not read yet", "skipped": "skipped", "cancelled": "cancelled", "closed": "closed",
+    "timeout": "timed out", "budget_exceeded": "completed (its budget ran out)",
+}
+
+
+def state_words(state: str) -> str:
+    return STATE_WORDS.get(state, str(state).replace("_", " "))
+
+
 # A conversation's state in the list, from its latest turn's status.
 CONVERSATION_STATES = {
     "running": "running", "waiting": "running", "paused": "waiting for you",
@@ -143,7 +157,7 @@ def display_state(dispatch) -> str:
     if dispatch.state == "closed":
         return {"budget_exceeded": "completed", "": "closed"}.get(dispatch.outcome, dispatch.outcome)
     if dispatch.state == "waiting_for_merge":
-        return "waiting"
+        return "reported"
     return dispatch.state
 
 

@@ -7,9 +7,10 @@ spans its `skill.started` to the matching `skill.finished` — plus the dispatch
 `depends_on`, state, error) and the usage roll-ups (tokens, cost). Positions are percents
 of the axis, so the template lays bars out with `left`/`width` and needs no script.
 
-Dependencies are drawn as a connector inside the dependent row (a dashed line from the
-finish of what it waited for to its own start, labelled "after …"), not as arrows between
-rows: rows wrap to different heights on a phone, and a connector needs no geometry.
+Each dependency is an arrow drawn in the dependent row: down from the row's top edge at
+the moment what it waited for finished (where that agent's bar, a row or more above, ends),
+then along to the row's own start, labelled "after …". Rows wrap to different heights on a
+phone, so an arrow spanning rows would need the browser's geometry; this one needs none.
 """
 
 from __future__ import annotations
@@ -85,8 +86,7 @@ class Row:
     dispatch: AgentDispatch | None = None
     bars: list[Bar] = field(default_factory=list)
     after: list[str] = field(default_factory=list)  # agent ids it depended on
-    after_left: float = 0.0  # the connector, from the finish of what it waited for
-    after_width: float = 0.0
+    arrows: list[float] = field(default_factory=list)  # where each dependency finished (percent)
     failed: bool = False
     reason: str = ""
     failures: int = 0  # its own failed calls, and itself if it failed
@@ -336,10 +336,9 @@ def turn_waterfall(turn: Turn, *, now: datetime | None = None) -> Waterfall:
         for bar in row.bars:
             _place(bar, start, span)
             bar.critical = row.critical
-        waited = [by_agent_id[a].end for a in row.after if a in by_agent_id and by_agent_id[a].end]
-        if waited and row.start:
-            row.after_left = _percent(max(waited), start, span)
-            row.after_width = round(max(0.0, _percent(row.start, start, span) - row.after_left), 3)
+        if row.start:
+            row.arrows = [min(_percent(by_agent_id[a].end, start, span), row.left)
+                          for a in row.after if a in by_agent_id and by_agent_id[a].end]
 
     return Waterfall(turn=turn, start=start, end=end, rows=rows, failures=failures,
                      critical_path=[d.agent_id for d in path], spend=spend.total, ticks=_axis_ticks(span))

@@ -3,6 +3,7 @@ from django.utils.safestring import mark_safe
 
 from assistant.payloads import render_payload
 from assistant.rendering import render_markdown
+from orchestration.selectors import state_words
 from orchestration.usage import Spend
 
 register = template.Library()
@@ -37,3 +38,9 @@ def spend(value) -> str:
 def payload(value) -> str:
     """An event's payload as a key/value table (see assistant/payloads.py), escaped."""
     return render_payload(value)
+
+
+@register.filter
+def words(state) -> str:
+    """A turn's, agent's or skill call's state as pages say it: "paused: waiting for you"."""
+    return state_words(state)

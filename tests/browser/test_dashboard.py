@@ -65,7 +65,7 @@ def test_a_turn_is_seen_live_without_a_reload(servers, visit, alice, llm, reques
     calendar = node(page, "calendar")
     expect(calendar.locator("> .state")).to_have_text("running")
     expect(calendar.locator("> .progress")).to_contain_text(re.compile(r"step \d: (asking the model|running)"))
-    expect(node(page, "notes").locator("> .state")).to_have_text("created")  # waits for calendar and tasks
+    expect(node(page, "notes").locator("> .state")).to_have_text("queued")  # waits for calendar and tasks
     expect(node(page, "notes")).to_contain_text("after calendar, tasks")
     rows_while_running = len(alice_tab.event_ids())
     assert rows_while_running > 0
@@ -73,7 +73,7 @@ def test_a_turn_is_seen_live_without_a_reload(servers, visit, alice, llm, reques
     alice_tab.screenshot(request.node, "dashboard-running")
 
     # finished agents wait until the orchestrator reads their results, after the last one
-    expect(calendar.locator("> .state")).to_have_text("waiting")
+    expect(calendar.locator("> .state")).to_have_text("reported, not read yet")
     expect(node(page, "notes").locator("> .state")).to_have_text("running")
     expect(page.locator("#messages .message.assistant strong")).to_have_text("Your week")
     for agent_id in ("calendar", "tasks", "notes"):

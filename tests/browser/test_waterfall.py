@@ -91,6 +91,18 @@ def test_the_waterfall_of_a_diamond_live_and_in_the_audit(servers, visit, alice,
     span_s = (turn_waterfall(turn).end - turn_waterfall(turn).start).total_seconds()
     slow = [b for b in c if b["kind"] == "model"]
     assert all(b["width"] >= SLOW_SECONDS / span_s * 100 * 0.9 for b in slow), (slow, span_s)
+    # d's arrows: one per dependency, each down from where that agent's span ends (c's, b's
+    # rows above) and along to d's start, with an arrowhead
+    arrows = row(page, "d", scope).locator("g.wf-dep")
+    expect(arrows).to_have_count(2)
+    geometry = arrows.evaluate_all("gs => gs.map(g => { const [down, along] = g.querySelectorAll('line');"
+                                   " const a = down.getBoundingClientRect(), b = along.getBoundingClientRect();"
+                                   " return {x: a.left, to: b.right, marker: along.getAttribute('marker-end')}; })")
+    d_start = row(page, "d", scope).locator("rect.wf-span").bounding_box()["x"]
+    for agent_id, arrow in zip(("b", "c"), sorted(geometry, key=lambda g: g["x"])):
+        span = row(page, agent_id, scope).locator("rect.wf-span").bounding_box()
+        assert abs(arrow["x"] - (span["x"] + span["width"])) <= 2, (agent_id, arrow, span)
+        assert abs(arrow["to"] - d_start) <= 2 and arrow["marker"].startswith("url(#wf-arrow-")
     refused_event = Event.objects.filter(turn=turn, type="skill.finished", payload__ok=False).get()
     assert refused_event.dispatch.agent_id == "b"
 
@@ -105,13 +117,31 @@ def test_the_waterfall_of_a_diamond_live_and_in_the_audit(servers, visit, alice,
     if os.environ.get("DOCS_SCREENSHOTS"):  # the README's picture, refreshed on request only
         shutil.copy(shot, Path(settings.BASE_DIR) / "docs" / "waterfall.png")
 
-    # a phone: the page does not scroll sideways
+    # a phone: no page scrolls sideways, the waterfall's or any other (the timeline's rows
+    # expanded, a call's details open, an empty conversation's suggestions, a 404)
     phone = visit(site, "alice")
     phone.page.set_viewport_size({"width": 390, "height": 844})
+
+    def fits(what):
+        width = phone.page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert width[0] <= width[1], (what, width)
+
     phone.goto(f"/conversations/{conversation_id}/audit/")
     expect(phone.page.locator(scope)).to_be_visible()
-    assert phone.page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    phone.page.locator(f"{scope} rect.wf-bar-failed").click()
+    fits("audit, a call's details open")
     phone.goto(f"/conversations/{conversation_id}/")
     expect(phone.page.locator(f"{live} .wf-row[data-agent='c']")).to_be_visible()
-    assert phone.page.evaluate("document.documentElement.scrollWidth <= document.documentElement.clientWidth")
     assert re.search(r"\d", phone.page.locator(f"{live} .wf-summary").inner_text())
+    for summary in phone.page.locator("#timeline details > summary").all():
+        summary.click()
+    fits("conversation, every timeline row expanded")
+    phone.goto("/")
+    fits("the conversation list")
+    phone.new_conversation()
+    expect(phone.page.locator("#suggestions")).to_be_visible()
+    fits("an empty conversation")
+    phone.expect_failure(r"^404 GET .*/no/such/page/$")
+    phone.expect_failure("the server responded with a status of 404")
+    assert phone.goto("/no/such/page/").status == 404
+    fits("a 404")

@@ -116,7 +116,8 @@ def test_bars_are_placed_on_one_axis_in_proportion_to_the_stored_timings(diamond
     assert [(b.left, b.width) for b in orchestrator.bars] == [(1.0, 4.0), (97.0, 3.0)]
     starts = [row.left for row in waterfall.rows[1:]]
     assert starts == [10.0, 22.0, 22.0, 32.0, 82.0]
-    assert rows["d"].after_left == 80.0 and rows["d"].after_width == 2.0  # waited for c, which ended at 8 s
+    # an arrow from where each of its dependencies ended: b at 3.5 s, c at 8 s; d began at 8.2 s
+    assert rows["d"].arrows == [rows["b"].left + rows["b"].width, 80.0] == [35.0, 80.0]
     assert rows["c"].duration == "5.8 s" and waterfall.duration == "10.0 s"
 
 

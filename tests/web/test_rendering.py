@@ -134,8 +134,8 @@ def live_parts(html: str, *, own_markup_only: bool = True) -> list[str]:
     markup.feed(html)
     found = [f"inline script {markup.inline_script.strip()[:60]!r}"] if markup.inline_script.strip() else []
     for tag, attrs in markup.tags:
-        # The waterfall's tracks are the pages' own svg (class wf-track); an attack's svg is not.
-        if own_markup_only and tag in ONLY_IN_ATTACKS and not (tag == "svg" and attrs.get("class") == "wf-track"):
+        # The waterfall's tracks and arrowhead are the pages' own svg (wf-track, wf-defs); an attack's is not.
+        if own_markup_only and tag in ONLY_IN_ATTACKS and not (tag == "svg" and attrs.get("class") in ("wf-track", "wf-defs")):
             found.append(tag)
         for name, value in attrs.items():
             value = value or ""
