@@ -260,6 +260,25 @@ SKILLS_BREAKER_THRESHOLD = env_int("SKILLS_BREAKER_THRESHOLD", 5, minimum=1)
 SKILLS_BREAKER_COOLDOWN_SECONDS = env_float("SKILLS_BREAKER_COOLDOWN_SECONDS", 30.0)
 SKILLS_EXECUTION_MODEL = "orchestration.SkillExecution"
 
+# Approvals (skills/policy.py, orchestration/approvals.py). Each skill's policy when its
+# owner set none: "allow", "ask" (pause the turn and show the call before it runs) or
+# "deny". A skill that sends (Skill.recipients) asks unless listed; any other allows.
+# ASSISTANT_SKILL_POLICIES, a JSON object in the environment, adds to or replaces entries.
+SKILLS_DEFAULT_POLICIES = {"email.send": "ask"}
+ASSISTANT_SKILL_POLICIES = {**SKILLS_DEFAULT_POLICIES, **env_json_object("ASSISTANT_SKILL_POLICIES", {})}
+# Egress (skills/egress.py): a message to an address that is not at the owner's own
+# domain, not a contact (sent to before) and not on their allow list asks first; and a
+# day's messages and recipients per user are capped. Webmail domains are nobody's own.
+ASSISTANT_EGRESS = {
+    "ask_new_recipients": env_bool("EGRESS_ASK_NEW_RECIPIENTS", True),
+    "daily_messages": env_int("EGRESS_DAILY_MESSAGES", 50, minimum=0),
+    "daily_recipients": env_int("EGRESS_DAILY_RECIPIENTS", 100, minimum=0),
+    "shared_domains": ["gmail.com", "googlemail.com", "outlook.com", "hotmail.com", "live.com", "yahoo.com",
+                       "icloud.com", "proton.me", "protonmail.com", "aol.com", "gmx.com", "mail.com"],
+}
+# How long "always allow" on an approval prompt lasts.
+ASSISTANT_APPROVAL_RULE_DAYS = env_int("ASSISTANT_APPROVAL_RULE_DAYS", 30, minimum=1)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -21,6 +21,11 @@ urlpatterns = [
         views.turn_stop_view,
         name="turn_stop",
     ),
+    path(
+        "conversations/<int:conversation_id>/turns/<int:turn_id>/approval/",
+        views.approval_answer_view,
+        name="approval_answer",
+    ),
     path("conversations/<int:conversation_id>/audit/", views.conversation_audit, name="conversation_audit"),
     path(
         "conversations/<int:conversation_id>/audit.json",

@@ -14,6 +14,7 @@ from assistant.live import panel_context, replay_floor
 from assistant.preferences import InvalidTimeZone, preferences_time_zone_set, time_zone_names, user_time_zone
 from orchestration import audit
 from orchestration import selectors, services
+from orchestration.approvals import approval_answer
 from orchestration.pauses import AlreadyAnswered, turn_continue
 from orchestration.turns import TurnRefused, turn_start, turn_stop
 from orchestration.waterfall import turn_waterfall
@@ -111,6 +112,21 @@ def turn_continue_view(request, conversation, turn_id: int):
 @owned_conversation
 def turn_stop_view(request, conversation, turn_id: int):
     return _answer_turn(request, conversation, turn_id, turn_stop)
+
+
+@require_POST
+@owned_conversation
+def approval_answer_view(request, conversation, turn_id: int):
+    """Approve (once, or "always" for a while) or deny the call the turn waits on."""
+    get_object_or_404(conversation.turns, pk=turn_id)
+    answer = request.POST.get("answer", "")
+    if answer not in ("approve", "always", "deny"):
+        return HttpResponseBadRequest("answer must be approve, always or deny")
+
+    def answer_it(*, turn, user):
+        approval_answer(turn=turn, user=user, approve=answer != "deny", always=answer == "always")
+
+    return _answer_turn(request, conversation, turn_id, answer_it)
 
 
 @require_GET

@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from orchestration.models import (
+    SkillApproval,
     AgentDispatch,
     AgentProfile,
     Conversation,
@@ -27,6 +28,7 @@ from orchestration.models import (
     Turn,
     TurnPause,
 )
+from orchestration.approvals import clearance_words
 from orchestration.pricing import format_usd
 from orchestration.usage import turn_spend
 
@@ -227,6 +229,13 @@ class PauseInline(ReadOnlyInline):
     show_change_link = False
 
 
+class ApprovalInline(ReadOnlyInline):
+    model = SkillApproval
+    fk_name = "turn"
+    fields = ["skill", "dispatch", "decision", "decided_by", "decided_at", "execution_id"]
+    readonly_fields = fields
+
+
 class SkillExecutionInline(ReadOnlyInline):
     model = SkillExecution
     fields = ["skill", "status", "parent", "tool_call_id", "duration_ms", "started_at"]
@@ -293,11 +302,13 @@ class TurnAdmin(EventLinksMixin, AuditAdmin):
     list_filter = ["status", "started_at", "conversation__owner"]
     search_fields = ["conversation__title", "conversation__owner__username", "messages__content"]
     date_hierarchy = "started_at"
-    readonly_fields = ["usage", "events_link", "orchestrator_tool_calls", "limits_json", "awaiting_json", "started_at", "finished_at"]
-    inlines = [PauseInline, DispatchInline, LLMCallInline]
+    readonly_fields = ["usage", "events_link", "orchestrator_tool_calls", "limits_json", "awaiting_json",
+                       "outside_json", "started_at", "finished_at"]
+    inlines = [PauseInline, ApprovalInline, DispatchInline, LLMCallInline]
 
     limits_json = json_display("limits")
     awaiting_json = json_display("awaiting")
+    outside_json = json_display("outside", "outside content the orchestrator read")
 
     @admin.display(description="tokens and cost")
     def usage(self, obj):
@@ -325,9 +336,10 @@ class AgentDispatchAdmin(EventLinksMixin, AuditAdmin):
     search_fields = ["agent_id", "mission", "result", "turn__conversation__title"]
     date_hierarchy = "created_at"
     readonly_fields = ["usage", "events_link", "turn_link", "parent_link", "skills_json", "depends_on_json",
-                       "contract_json", "awaiting_json", "transcript_json", "created_at"]
+                       "contract_json", "awaiting_json", "outside_json", "transcript_json", "created_at"]
     inlines = [SkillExecutionInline, ChildDispatchInline, LLMCallInline]
 
+    outside_json = json_display("outside", "outside content that reached it")
     skills_json = json_display("skills")
     depends_on_json = json_display("depends_on", "depends on")
     contract_json = json_display("contract")
@@ -358,11 +370,18 @@ class SkillExecutionAdmin(AuditAdmin):
     list_filter = ["status", "skill", DispatchTurnFilter, DispatchFilter, "started_at", "dispatch__turn__conversation__owner"]
     search_fields = ["skill", "tool_call_id", "error", "dispatch__agent_id"]
     date_hierarchy = "started_at"
-    readonly_fields = ["dispatch_link", "parent_link", "arguments_json", "result_json", "started_at"]
+    readonly_fields = ["dispatch_link", "parent_link", "clearance_words", "arguments_json", "result_json",
+                       "clearance_json", "outside_json", "started_at"]
     inlines = [ChildExecutionInline]
 
     arguments_json = json_display("arguments")
     result_json = json_display("result")
+    clearance_json = json_display("clearance", "clearance (by whose word it ran)")
+    outside_json = json_display("outside", "outside content in its result")
+
+    @admin.display(description="ran on")
+    def clearance_words(self, obj):
+        return clearance_words(obj.clearance)
 
     @admin.display(description="dispatch")
     def dispatch_link(self, obj):
@@ -374,6 +393,19 @@ class SkillExecutionAdmin(AuditAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("dispatch", "parent")
+
+
+@admin.register(SkillApproval)
+class SkillApprovalAdmin(AuditAdmin):
+    list_display = ["id", "skill", "turn", "dispatch", "decision", "decided_by", "decided_at", "execution_id", "created_at"]
+    list_filter = ["decision", "skill", TurnFilter, DispatchFilter, "created_at", "turn__conversation__owner"]
+    search_fields = ["skill", "dispatch__agent_id"]
+    list_select_related = ["turn__conversation", "dispatch", "decided_by"]
+    readonly_fields = ["arguments_json", "reasons_json", "outside_json", "created_at"]
+
+    arguments_json = json_display("arguments")
+    reasons_json = json_display("reasons", "why it asked")
+    outside_json = json_display("outside", "outside content that reached the call")
 
 
 @admin.register(Event)

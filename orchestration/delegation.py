@@ -247,6 +247,8 @@ def dispatch_create(
             parent=parent, step_idx=step_idx,
         ),
         tool_call_id=item.call.id,
+        # what the orchestrator (or the parent agent) had read when it wrote this mission
+        outside=lifecycle.merged(turn.outside, parent.outside if parent else []),
     )
     waits = f", after {', '.join(dispatch.depends_on)}" if dispatch.depends_on else ""
     by = f" (by {parent.agent_id})" if parent else ""

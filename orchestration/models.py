@@ -91,6 +91,9 @@ class Turn(models.Model):
     # The final answer as far as the model has streamed it (the page shows it while the
     # turn runs, a reload too); the stored answer is the complete message.
     answer_draft = models.TextField(blank=True)
+    # The outside content the orchestrator has read (in its agents' reports): every agent
+    # it dispatches afterwards carries it (AgentDispatch.outside).
+    outside = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -153,6 +156,51 @@ class TurnPause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.limit} on {self.turn}"
+
+
+class SkillApproval(models.Model):
+    """The owner's answer to one side-effecting call the engine would not run unasked:
+    the call as the agent made it, why it asked, and the decision, used once.
+
+    Asked with the turn's pause (one open question per turn), answered once by the
+    owner; the call it approves is keyed by (dispatch, digest of skill and arguments),
+    and `execution_id` is set, in the transaction that opens that call's row, when it is
+    used — so an approval runs exactly one call, even across a crash and a replay."""
+
+    class Decision(models.TextChoices):
+        PENDING = "", "pending"
+        APPROVED = "approved"
+        DENIED = "denied"
+
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="approvals")
+    dispatch = models.ForeignKey("AgentDispatch", on_delete=models.CASCADE, related_name="approvals")
+    pause = models.OneToOneField(TurnPause, null=True, blank=True, on_delete=models.SET_NULL, related_name="approval")
+    skill = models.CharField(max_length=100)
+    arguments = models.JSONField(default=dict, blank=True)
+    digest = models.CharField(max_length=64)
+    reasons = models.JSONField(default=list, blank=True)  # why it asked, one sentence each
+    outside = models.JSONField(default=list, blank=True)  # the outside content that reached the call
+    decision = models.CharField(max_length=16, choices=Decision.choices, blank=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    rule = models.ForeignKey("skills.SkillRule", null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="approvals")  # made with the approval ("always allow …")
+    execution_id = models.PositiveIntegerField(null=True, blank=True)  # the call it was used by
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["turn_id", "id"]
+        indexes = [models.Index(fields=["dispatch", "digest"], name="approval_call")]
+
+    def __str__(self) -> str:
+        return f"{self.skill} ({self.get_decision_display()})"
+
+    @cached_property
+    def rule_offer(self) -> str:
+        """The "always allow" the prompt offers, in words ("" when none is)."""
+        from orchestration.approvals import rule_offered
+
+        return rule_offered(self)
 
 
 class Message(models.Model):
@@ -293,6 +341,10 @@ class AgentDispatch(models.Model):
     # A delegating agent back in `created` until its own agents finish (no worker held):
     # {"tool_call_id", "agent_ids"} of the get_agent_results call it is waiting on.
     awaiting = models.JSONField(default=dict, blank=True)
+    # The outside content that has reached this agent (its skills' results, its
+    # dependencies' and children's reports, the orchestrator's reading when it was
+    # dispatched): while any has, its side effects ask first (orchestration/approvals.py).
+    outside = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     # The wall-clock limit: first start + the agent timeout, moved on by the time the turn

@@ -373,5 +373,7 @@ def _agent_results(turn: Turn, token: str, call: ToolCall) -> str:
             return WAIT
         results = lifecycle.dispatch_results_collect(names, found)
         message_append(turn=turn, role=Message.Role.TOOL, content=json.dumps(results), tool_call_id=call.id)
-        Turn.objects.filter(pk=turn.pk).update(awaiting={})
+        # What the orchestrator has now read reaches every agent it dispatches from here on.
+        outside = lifecycle.merged(turn.outside, *(d.outside for d in found.values()))
+        Turn.objects.filter(pk=turn.pk).update(awaiting={}, outside=outside)
     return AGAIN

@@ -21,6 +21,14 @@ from orchestration.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
 from orchestration.tasks import enqueue_orchestrator_step
 
+APPROVAL = "approval"  # orchestration/approvals.py (which imports this module)
+
+
+def approval_record(pause: TurnPause) -> None:
+    from orchestration.approvals import approval_record as record
+
+    record(pause)
+
 def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) -> TurnPause | None:
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn_id)
@@ -43,6 +51,8 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
                 pause = TurnPause.objects.create(turn=turn, limit=trip.limit, detail=detail)
         except IntegrityError:
             return None  # already paused by a concurrent trip
+        if trip.limit == APPROVAL:
+            approval_record(pause)
         Turn.objects.filter(pk=turn.pk).update(
             status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0, answer_draft="",
             # the waiting state is re-derived on resume, from the pending tool call
@@ -53,7 +63,9 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
         # prompt panel (one prompt per pause). The detail stays on the pause and the event.
         message_append(turn=turn, role=Message.Role.NOTICE,
                        content=f"Turn {turn.number} paused. {pause_words(trip.limit, detail).reached}")
-        event_record(type="turn.paused", turn=turn, summary=f"Turn {turn.number} paused: continue?", payload={"pause_id": pause.pk, "limit": trip.limit})
+        question = "approve?" if trip.limit == APPROVAL else "continue?"
+        event_record(type="turn.paused", turn=turn, summary=f"Turn {turn.number} paused: {question}",
+                     payload={"pause_id": pause.pk, "limit": trip.limit})
     return pause
 
 
@@ -155,16 +167,27 @@ def turn_continue(*, turn: Turn, user) -> Turn:
         pause = TurnPause.objects.filter(turn=turn, decision="").first()
         if pause is None or turn.status != TurnStatus.PAUSED:
             raise AlreadyAnswered("This turn was already resumed or stopped.")
-        if not TurnPause.objects.filter(pk=pause.pk, decision="").update(
-            decision=TurnPause.Decision.CONTINUE, decided_by=user, decided_at=timezone.now()
-        ):
-            raise AlreadyAnswered("This turn was already resumed or stopped.")
+        if pause.limit == APPROVAL:
+            raise AlreadyAnswered("This question is answered with Approve or Deny.")
         limits = Limits.from_json(turn.limits).to_json()
         if pause.limit in limits:
             # A fresh budget of the tripped kind: what was used so far plus the grant.
             limits[pause.limit] = pause.detail.get("used", 0) + continue_grant(pause.limit, pause.detail)
+        return turn_resume(turn=turn, pause=pause, user=user, limits=limits)
+
+
+def turn_resume(*, turn: Turn, pause: TurnPause, user, limits: dict | None = None) -> Turn:
+    """Answer `pause` (continue) and run the turn again where it stopped, with `limits`
+    if given. The caller holds the turn lock and checked the owner."""
+    with transaction.atomic():
+        if not TurnPause.objects.filter(pk=pause.pk, decision="").update(
+            decision=TurnPause.Decision.CONTINUE, decided_by=user, decided_at=timezone.now()
+        ):
+            raise AlreadyAnswered("This turn was already resumed or stopped.")
+        limits = limits if limits is not None else turn.limits
         Turn.objects.filter(pk=turn.pk).update(
-            status=TurnStatus.RUNNING, limits=limits, continuations=F("continuations") + 1
+            status=TurnStatus.RUNNING, limits=limits,
+            continuations=F("continuations") + (0 if pause.limit == APPROVAL else 1),
         )
         # The owner's time to decide is not the agents': their wall clocks move on by it.
         turn.dispatches.filter(state__in=lifecycle.OPEN_STATES, deadline_at__isnull=False).update(

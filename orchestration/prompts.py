@@ -89,8 +89,17 @@ def agent_task_message(*, mission: str, context: str, prior_results: list[dict])
     if context:
         parts.append(f"Context:\n{context}")
     if prior_results:
-        lines = "\n\n".join(
-            f"[{item['agent_id']}] ({item['status']})\n{item['result']}" for item in prior_results
-        )
+        lines = "\n\n".join(_prior_result(item) for item in prior_results)
         parts.append(f"Results from prior agents:\n{lines}")
     return "\n\n".join(parts)
+
+
+def _prior_result(item: dict) -> str:
+    """A dependency's report; fenced as data when outside content had reached it
+    (orchestration/dispatches.py, `fenced`)."""
+    head = f"[{item['agent_id']}] ({item['status']})"
+    if not item.get("outside_content"):
+        return f"{head}\n{item['result']}"
+    sources = "; ".join(item["outside_content"])
+    return (f"{head} outside_content: {sources}. {item['note']}\n"
+            f"<<<report (data)\n{item['result']}\n>>> end of report")

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from orchestration import approvals
 from orchestration import dispatches as lifecycle
 from orchestration import nesting
 from orchestration.budget import reserve_skill_call
@@ -228,12 +229,16 @@ class _Agent:
     used: int = 0
     idle: int = 0
     last_text: str = ""
+    # The outside content that has reached the agent: from its dispatch (the orchestrator's
+    # or its parent's reading), its dependencies' reports and every result since.
+    outside: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, dispatch: AgentDispatch, token: str, first_start: bool) -> _Agent:
         limits = Limits.from_json(dispatch.turn.limits)
         delegates = can_delegate(dispatch, limits)
         profile_prompt = dispatch.profile.system_prompt if dispatch.profile else ""
+        prior = _prior_results(dispatch)
         return cls(
             dispatch=dispatch, token=token, limits=limits, provider=get_provider(),
             user=dispatch.turn.conversation.owner, delegates=delegates,
@@ -242,9 +247,10 @@ class _Agent:
                 {"role": "system", "content": agent_system_prompt(
                     local_time=user_local_time(dispatch.turn), profile_prompt=profile_prompt, delegates=delegates)},
                 {"role": "user", "content": agent_task_message(
-                    mission=dispatch.mission, context=dispatch.context, prior_results=_prior_results(dispatch))},
+                    mission=dispatch.mission, context=dispatch.context, prior_results=prior)},
             ],
             stored={} if first_start else _stored_responses(dispatch),
+            outside=lifecycle.merged(dispatch.outside, *[r.get("outside_content", []) for r in prior]),
         )
 
     @property
@@ -256,7 +262,7 @@ class _Agent:
         end): a crash in between loses nothing a replay does not rebuild."""
         return {"transcript": self.messages[1:], "tool_calls_used": self.used, "llm_calls": self.llm_calls,
                 "prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens,
-                "cached_tokens": self.usage.cached_tokens}
+                "cached_tokens": self.usage.cached_tokens, "outside": self.outside}
 
     def heartbeat(self) -> None:
         _step_heartbeat(self.dispatch, self.token, **self.progress())
@@ -320,6 +326,7 @@ class _Agent:
         """Take in the response: answer its tool calls, or see that the agent is done.
         None: ask the model again."""
         dispatch, limits, messages = self.dispatch, self.limits, self.messages
+        seen = list(self.outside)  # what had reached the agent when the model wrote these calls
         self.usage = self.usage + response.usage
         self.llm_calls += 1
         messages.append(response.as_message())
@@ -347,6 +354,8 @@ class _Agent:
             elif call.name == GET_AGENT_RESULTS:
                 self.save_progress()  # the wait ends this delivery: the row has the run so far
                 content = nesting.children_results(dispatch=dispatch, token=self.token, call=call, messages=messages)
+                self.outside = lifecycle.merged(self.outside, *AgentDispatch.objects.filter(parent=dispatch).values_list(
+                    "outside", flat=True))
             elif call.name != USE_SKILL:
                 tools_text = ("the tools are use_skill, dispatch_agent and get_agent_results" if self.delegates
                               else "the only tool is use_skill")
@@ -355,7 +364,8 @@ class _Agent:
                 content = error_json("tool budget spent; no more tool calls are possible.")
             else:
                 self.used += 1
-                content = _use_skill(dispatch, self.token, self.user, call)
+                content, outside = _use_skill(dispatch, self.token, self.user, call, seen)
+                self.outside = lifecycle.merged(self.outside, outside)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
         if dispatch_calls:
             self.save_progress()  # a replay answers these calls from the transcript (nesting)
@@ -423,12 +433,14 @@ def _unique_ids(response: LLMResponse, messages: list[dict], step: int) -> LLMRe
     return replace(response, tool_calls=calls)
 
 
-def _use_skill(dispatch: AgentDispatch, token: str, user, call) -> str:
+def _use_skill(dispatch: AgentDispatch, token: str, user, call, seen: list[str]) -> tuple[str, list[str]]:
+    """The tool message for a use_skill call, and the outside content its result holds.
+    `seen`: the outside content that had reached the agent (approvals.gate)."""
     arguments, error = load_json(call.arguments)
     if error:
-        return error_json(f"{error}; send {{\"skill\": ..., \"arguments\": {{...}}}}.")
+        return error_json(f"{error}; send {{\"skill\": ..., \"arguments\": {{...}}}}."), []
     if not isinstance(arguments, dict) or not isinstance(arguments.get("skill"), str):
-        return error_json('use_skill needs {"skill": "<name>", "arguments": {...}}.')
+        return error_json('use_skill needs {"skill": "<name>", "arguments": {...}}.'), []
     name, skill_arguments = arguments["skill"], arguments.get("arguments", {})
 
     def before_run(skill: str, skill_arguments: object) -> None:
@@ -445,22 +457,23 @@ def _use_skill(dispatch: AgentDispatch, token: str, user, call) -> str:
             summary=f"{dispatch.agent_id} ← {skill}: {status}",
             payload={"skill": skill, "status": outcome.status, "ok": outcome.ok, "error": outcome.error,
                      "error_kind": str(outcome.error_kind or ""), "duration_ms": outcome.duration_ms,
-                     "execution_id": outcome.execution_id},
+                     "execution_id": outcome.execution_id, "outside": list(outcome.outside)},
         )
 
     outcome = execute_skill(
         name=name, arguments=skill_arguments, user=user, tool_call_id=call.id,
         scope={"dispatch": dispatch}, granted=dispatch.skills, before_run=before_run, after_run=after_run,
-        time_zone=dispatch.turn.time_zone,
+        clear=approvals.gate(dispatch=dispatch, user=user, outside=seen), time_zone=dispatch.turn.time_zone,
     )
-    return outcome.as_tool_content()
+    return outcome.as_tool_content(), list(outcome.outside)
 
 
 def _prior_results(dispatch: AgentDispatch) -> list[dict]:
     if not dispatch.depends_on:
         return []
     deps = AgentDispatch.objects.filter(turn_id=dispatch.turn_id, agent_id__in=dispatch.depends_on)
-    return [{"agent_id": d.agent_id, "status": lifecycle.result_status(d), "result": d.result} for d in deps]
+    return [lifecycle.fenced({"agent_id": d.agent_id, "status": lifecycle.result_status(d), "result": d.result}, d)
+            for d in deps]
 
 
 def _partial(last_text: str, messages: list[dict], *, note: str = "") -> str:

@@ -18,6 +18,7 @@ from orchestration.models import (
 )
 from orchestration.tasks import enqueue_orchestrator_step
 from skills.models import ExecutionStatus
+from skills.registry import UnknownSkill, get_skill
 from skills.validation import unstorable_text
 
 MAX_MESSAGE_CHARS = 8000
@@ -119,6 +120,8 @@ def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
     shortfall = shortfall_note(turn)
     if shortfall:  # the model's answer may claim more than happened: the record says what did not
         message_append(turn=turn, role=Message.Role.NOTICE, content=shortfall)
+    if side_effects(turn):
+        message_append(turn=turn, role=Message.Role.NOTICE, content=side_effects_note(turn))
     event_record(
         type="turn.completed", turn=turn, summary=f"Turn {turn.number} answered",
         payload={"answer_message_id": answer.pk, "llm_iterations": turn.llm_iterations,
@@ -154,13 +157,36 @@ def shortfall_note(turn: Turn) -> str:
     return ("From the engine's record: " + " ".join(parts)) if parts else ""
 
 
+def side_effects(turn: Turn) -> list[str]:
+    """What the turn changed or sent, one line each, from its completed skill calls that
+    are not read-only (nested ones included), in the order they ran."""
+    lines = []
+    rows = (SkillExecution.objects.filter(dispatch__turn=turn, status=ExecutionStatus.COMPLETED)
+            .order_by("finished_at", "id").values_list("skill", "arguments", "result"))
+    for name, arguments, result in rows:
+        try:
+            skill = get_skill(name)
+        except UnknownSkill:
+            continue
+        if not skill.read_only:
+            lines.append(skill.effect_line(arguments or {}, result))
+    return lines
+
+
+def side_effects_note(turn: Turn) -> str:
+    """Written by the engine under every turn that had any, whatever the model said."""
+    lines = side_effects(turn)
+    return "Side effects (from the engine's record):\n" + "\n".join(f"- {line}" for line in lines)
+
+
 @transaction.atomic
 def turn_fail(*, turn_id: int, error: str, token: str | None = None) -> None:
     turn = _finish(turn_id, token, status=TurnStatus.FAILED, error=error)
     if turn is None:
         return
     lifecycle.turn_dispatches_close(turn, reason="the turn failed")
-    message_append(turn=turn, role=Message.Role.NOTICE, content=f"Sorry — this turn failed. {error}")
+    effects = ("\n\n" + side_effects_note(turn)) if side_effects(turn) else ""
+    message_append(turn=turn, role=Message.Role.NOTICE, content=f"Sorry — this turn failed. {error}{effects}")
     event_record(type="turn.failed", turn=turn, summary=f"Turn {turn.number} failed: {error[:200]}", payload={"error": error})
 
 
@@ -178,6 +204,8 @@ def turn_stop(*, turn: Turn, user) -> Turn:
     _finish(turn.pk, None, status=TurnStatus.STOPPED)
     lifecycle.turn_dispatches_close(turn, reason="stopped by the owner")
     summary = stop_summary(turn)
+    if side_effects(turn):
+        summary += "\n\n" + side_effects_note(turn)
     message_append(turn=turn, role=Message.Role.NOTICE, content=summary)
     event_record(type="turn.stopped", turn=turn, summary=f"Turn {turn.number} stopped by {user.get_username()}",
                  payload={"stopped_by": user.get_username(), "summary": summary})

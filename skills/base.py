@@ -43,6 +43,18 @@ class Skill:
     handler: Callable[..., dict]
     read_only: bool = False
     timeout: float | None = None  # seconds; None: ASSISTANT_LIMITS["skill_timeout_seconds"]
+    # Sends something out of the user's records (an email): its default policy is "ask"
+    # (settings.ASSISTANT_SKILL_POLICIES) and `recipients(arguments)` go through the
+    # owner's egress policy (skills/egress.py).
+    recipients: Callable[[dict], list[str]] | None = None
+    # What in a result is outside content — text the user did not write (a file's
+    # contents, an email body, a memory an agent saved): `outside(arguments, result)`
+    # names each piece ("file notes/plan.txt"). The engine fences results that have any
+    # as data and asks before side effects they reach (orchestration/approvals.py).
+    outside: Callable[[dict, dict], list[str]] | None = None
+    # The side effect of a completed call in a line for the owner ("sent “Hi” to
+    # bob@example.com"), listed under the turn's answer; None: the skill and arguments.
+    effect: Callable[[dict, dict], str] | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -62,6 +74,22 @@ class Skill:
         if self.timeout is not None:
             return self.timeout
         return float(settings.ASSISTANT_LIMITS["skill_timeout_seconds"])
+
+    @property
+    def sends(self) -> bool:
+        return self.recipients is not None
+
+    def outside_in(self, arguments: dict, result: dict | None) -> list[str]:
+        """The outside content in a completed call's result (see `outside`)."""
+        if self.outside is None or not isinstance(result, dict):
+            return []
+        return [str(source)[:200] for source in self.outside(arguments, result)]
+
+    def effect_line(self, arguments: dict, result: dict | None) -> str:
+        if self.effect is not None and isinstance(result, dict):
+            return self.effect(arguments, result)
+        shown = ", ".join(f"{key} {str(value)[:60]}" for key, value in (arguments or {}).items())
+        return f"{self.name}" + (f" ({shown})" if shown else "")
 
     def describe(self) -> dict:
         """What an LLM is shown about this skill (get_skill, use_skill)."""

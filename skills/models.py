@@ -15,6 +15,7 @@ that Django registers them with this app.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from skills.domains.calendar.models import CalendarEvent
@@ -27,8 +28,11 @@ __all__ = [
     "CalendarEvent",
     "ExecutionStatus",
     "Memory",
+    "EgressAllow",
     "OutboxEmail",
+    "Policy",
     "SkillCircuit",
+    "SkillRule",
     "Task",
 ]
 
@@ -55,6 +59,11 @@ class AbstractSkillExecution(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    # A side effect's clearance: by whose word it ran ({"by": "policy" | "rule" | "owner",
+    # ...}) and the outside content that had reached the caller (orchestration/approvals.py).
+    clearance = models.JSONField(default=dict, blank=True)
+    # The outside content in its result (Skill.outside), as the engine tracked it.
+    outside = models.JSONField(default=list, blank=True)
 
     class Meta:
         abstract = True
@@ -77,3 +86,50 @@ class SkillCircuit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.skill} ({self.consecutive_failures} failures)"
+
+
+class Policy(models.TextChoices):
+    ALLOW = "allow", "allow"
+    ASK = "ask", "ask first"
+    DENY = "deny", "deny"
+
+
+class SkillRule(models.Model):
+    """An owner's standing answer for one skill: allow, ask or deny. It may hold only for
+    messages whose every recipient is at `recipient_domain`, and only until `expires_at`
+    ("always allow email to my own domain, 30 days"). See skills/policy.py."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="skill_rules")
+    skill = models.CharField(max_length=100)
+    policy = models.CharField(max_length=8, choices=Policy.choices)
+    recipient_domain = models.CharField(max_length=253, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["owner_id", "skill", "-created_at", "-id"]
+        indexes = [models.Index(fields=["owner", "skill"], name="skill_rule_owner_skill")]
+
+    def __str__(self) -> str:
+        return self.words()
+
+    def words(self) -> str:
+        scope = f" to addresses at {self.recipient_domain}" if self.recipient_domain else ""
+        until = f" until {self.expires_at:%Y-%m-%d %H:%M}" if self.expires_at else ""
+        return f"{self.get_policy_display()} {self.skill}{scope}{until}"
+
+
+class EgressAllow(models.Model):
+    """An address or a whole domain the owner lets messages go to without asking."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="egress_allowed")
+    entry = models.CharField(max_length=254)  # "bob@example.com" or "example.com", lower case
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["owner_id", "entry"]
+        constraints = [models.UniqueConstraint(fields=["owner", "entry"], name="egress_allow_unique")]
+
+    def __str__(self) -> str:
+        return self.entry

@@ -3,12 +3,41 @@ and staff is an auditor who reads the admin."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import override_settings
 
 PASSWORD = "correct horse battery staple"
+
+# Most tests are about other guarantees than approvals: their owners let email go out
+# unasked, as an owner can (a rule or the settings). So do the servers tests start
+# (daphne, qcluster: they inherit this environment). tests/orchestration/test_approvals.py
+# and the approval tests in live/ and browser/ turn the real defaults back on
+# (`approvals_on`, APPROVALS_ON_ENV).
+EMAIL_UNASKED = {"email.send": "allow"}
+os.environ["ASSISTANT_SKILL_POLICIES"] = json.dumps(EMAIL_UNASKED)
+os.environ["EGRESS_ASK_NEW_RECIPIENTS"] = "0"
+APPROVALS_ON_ENV = {"ASSISTANT_SKILL_POLICIES": json.dumps(settings.SKILLS_DEFAULT_POLICIES),
+                    "EGRESS_ASK_NEW_RECIPIENTS": "1"}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def email_unasked():
+    with override_settings(ASSISTANT_SKILL_POLICIES=EMAIL_UNASKED,
+                           ASSISTANT_EGRESS={**settings.ASSISTANT_EGRESS, "ask_new_recipients": False}):
+        yield
+
+
+@pytest.fixture
+def approvals_on(settings):
+    """The product's defaults: email.send asks, new recipients ask."""
+    settings.ASSISTANT_SKILL_POLICIES = dict(settings.SKILLS_DEFAULT_POLICIES)
+    settings.ASSISTANT_EGRESS = {**settings.ASSISTANT_EGRESS, "ask_new_recipients": True}
 
 
 def make_user(username: str, **extra):

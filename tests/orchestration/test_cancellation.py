@@ -79,8 +79,8 @@ def test_a_cancelled_agent_notices_at_its_next_step(llm, run_turn, alice, monkey
     use_skill = subagent._use_skill
     stopped = []
 
-    def use_skill_then_stop(dispatch, token, user, call):
-        content = use_skill(dispatch, token, user, call)
+    def use_skill_then_stop(dispatch, token, user, call, seen):
+        content = use_skill(dispatch, token, user, call, seen)
         if not stopped:
             turn_stop(turn=dispatch.turn, user=alice)
             stopped.append(len(llm.requests))
@@ -119,8 +119,8 @@ def test_stop_between_parallel_skill_calls_runs_none_of_the_rest(llm, run_turn, 
     llm.respond = Plan([Agent("mailer", ["email.send"], send, per_call=3)])
     use_skill = subagent._use_skill
 
-    def use_skill_then_stop(dispatch, token, user, call):
-        content = use_skill(dispatch, token, user, call)
+    def use_skill_then_stop(dispatch, token, user, call, seen):
+        content = use_skill(dispatch, token, user, call, seen)
         if len(mail.outbox) == 1:
             turn_stop(turn=dispatch.turn, user=alice)
         return content

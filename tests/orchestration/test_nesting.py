@@ -86,7 +86,11 @@ def agent_events(dispatch: AgentDispatch) -> list[str]:
 
 
 def answer(turn) -> str:
-    return turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).order_by("-seq").first().content
+    """The model's answer, or (none: stopped, failed) the engine's last notice; the engine's
+    record of side effects follows an answer and is not it."""
+    message = (turn.messages.filter(role="assistant", tool_calls=[]).order_by("-seq").first()
+               or turn.messages.filter(role="notice").order_by("-seq").first())
+    return message.content
 
 
 def test_delegating_agent_dispatches_a_child_and_reports_its_result(llm, run_turn, lead_profile):

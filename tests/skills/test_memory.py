@@ -38,6 +38,7 @@ class TestSave:
             "id": memory.pk,
             "text": "Prefers tea",
             "tags": ["food", "drinks"],
+            "typed_by_user": False,  # an agent saved it: outside content when found again
             "created_at": result["memory"]["created_at"],
         }
 

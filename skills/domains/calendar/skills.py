@@ -121,6 +121,7 @@ DOMAIN = Domain(
                 required=("title", "start"),
             ),
             handler=event_create,
+            effect=lambda arguments, result: f"created event “{result['event']['title']}” at {result['event']['start']}",
         ),
         Skill(
             name="calendar.cancel_event",
@@ -129,6 +130,7 @@ DOMAIN = Domain(
                 {"event_id": schema.record_id("event")}, required=("event_id",)
             ),
             handler=event_cancel,
+            effect=lambda arguments, result: f"cancelled event “{result['event']['title']}”",
         ),
     ),
 )

@@ -11,7 +11,7 @@ from django.core.mail import EmailMessage
 from django.db.models import Q
 from django.utils.crypto import salted_hmac
 
-from skills import journal
+from skills import egress, journal
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.common import iso
@@ -35,6 +35,8 @@ def email_send(user, *, to: list[str], subject: str, body: str) -> dict:
     is the same message."""
     key = journal.call_key()
     sent = journal.recall(key) if key else None
+    if sent is None:
+        egress.reserve_daily(user, to)
     if sent is not None:
         email = OutboxEmail.objects.create(
             owner=user, to=to, subject=subject, body=body,
@@ -125,6 +127,9 @@ DOMAIN = Domain(
                 required=("to", "subject", "body"),
             ),
             handler=email_send,
+            recipients=lambda arguments: list(arguments.get("to") or []),
+            effect=lambda arguments, result: (
+                f"sent email “{arguments['subject']}” to {', '.join(arguments['to'])}"),
         ),
         Skill(
             name="email.search_sent",
@@ -142,6 +147,9 @@ DOMAIN = Domain(
             ),
             handler=email_search_sent,
             read_only=True,
+            # A sent email's body may quote anything (a forwarded newsletter, a reply).
+            outside=lambda arguments, result: [
+                f"email “{email['subject'][:80]}” (id {email['id']})" for email in result.get("emails", [])],
         ),
     ),
 )

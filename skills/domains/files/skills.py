@@ -142,6 +142,8 @@ DOMAIN = Domain(
             parameters=schema.params({"path": _PATH}),
             handler=files_list,
             read_only=True,
+            outside=lambda arguments, result: [
+                f"file names in {arguments.get('path') or 'the workspace'}"] if result.get("entries") else [],
         ),
         Skill(
             name="files.read",
@@ -164,6 +166,7 @@ DOMAIN = Domain(
             ),
             handler=files_read,
             read_only=True,
+            outside=lambda arguments, result: [f"file {arguments['path']}"],
         ),
         Skill(
             name="files.write",
@@ -172,6 +175,7 @@ DOMAIN = Domain(
                 {"path": _FILE_PATH, "content": _CONTENT}, required=("path", "content")
             ),
             handler=files_write,
+            effect=lambda arguments, result: f"wrote file {arguments['path']}",
         ),
         Skill(
             name="files.append",
@@ -180,6 +184,7 @@ DOMAIN = Domain(
                 {"path": _FILE_PATH, "content": _CONTENT}, required=("path", "content")
             ),
             handler=files_append,
+            effect=lambda arguments, result: f"appended to file {arguments['path']}",
         ),
     ),
 )

@@ -14,6 +14,9 @@ class Memory(models.Model):
     )
     text = models.TextField()
     tags = models.JSONField(default=list, blank=True)
+    # Typed by the user themselves (the admin, an import); False for what an agent saved,
+    # which is outside content when found again (Skill.outside).
+    typed_by_user = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -35,6 +35,7 @@ def _data(memory: Memory, *, score: float | None = None) -> dict:
         "id": memory.pk,
         "text": memory.text,
         "tags": memory.tags,
+        "typed_by_user": memory.typed_by_user,
         "created_at": iso(memory.created_at),
     }
     if score is not None:
@@ -69,6 +70,7 @@ DOMAIN = Domain(
                 required=("text",),
             ),
             handler=memory_save,
+            effect=lambda arguments, result: f"saved memory “{arguments['text'][:80]}”",
         ),
         Skill(
             name="memory.search",
@@ -85,6 +87,9 @@ DOMAIN = Domain(
             ),
             handler=memory_search,
             read_only=True,
+            outside=lambda arguments, result: [
+                f"memory {memory['id']} (saved by an agent)" for memory in result.get("memories", [])
+                if not memory.get("typed_by_user")],
         ),
     ),
 )

@@ -124,6 +124,7 @@ DOMAIN = Domain(
                 required=("title",),
             ),
             handler=task_create,
+            effect=lambda arguments, result: f"created task “{result['task']['title']}”",
         ),
         Skill(
             name="tasks.update",
@@ -138,12 +139,14 @@ DOMAIN = Domain(
                 required=("task_id",),
             ),
             handler=task_update,
+            effect=lambda arguments, result: f"changed task “{result['task']['title']}”",
         ),
         Skill(
             name="tasks.complete",
             description="Mark a task done (doing it twice is harmless).",
             parameters=schema.params({"task_id": schema.record_id("task")}, required=("task_id",)),
             handler=task_complete,
+            effect=lambda arguments, result: f"completed task “{result['task']['title']}”",
         ),
     ),
 )
