@@ -188,3 +188,14 @@ def clearance_words(clearance: dict) -> str:
     if clearance.get("outside"):
         words += f"; outside content had reached it: {'; '.join(clearance['outside'])}"
     return words
+
+
+def approval_question(detail: dict) -> str:
+    """The approval prompt as text (manage.py ask prints it)."""
+    arguments = detail.get("arguments") or {}
+    lines = [f"**Approve?** {detail.get('agent', 'an agent')} wants to run {detail.get('skill')}. "
+             "Nothing has been done yet."]
+    lines += [f"- {key}: {value if not isinstance(value, list) else ', '.join(map(str, value))}"
+              for key, value in arguments.items()]
+    lines += ["It asks because:"] + [f"- {reason}" for reason in detail.get("reasons", [])]
+    return "\n".join(lines)

@@ -234,3 +234,17 @@ def test_the_page_shows_the_exact_call_and_answers_it(llm, run_turn, alice, clie
     assert client.post(url, {"answer": "deny"}, HTTP_HX_REQUEST="true").status_code == 204
     turn.refresh_from_db()
     assert turn.status == "completed" and mail.outbox == []
+
+
+def test_the_terminal_shows_the_call_and_answers_it(llm, alice, inline_tasks, capsys):
+    from django.core.management import call_command
+
+    llm.respond = Plan([Agent("mailer", ["email.send"], [send(subject="From the terminal")])], answer="Sent.")
+    call_command("ask", "mail me", user="alice", sync=True)
+    out = capsys.readouterr().out
+    assert "**Approve?** mailer wants to run email.send" in out and "- subject: From the terminal" in out
+    assert "--approve (or --deny)" in out and mail.outbox == []
+    conversation = alice.conversations.get()
+    call_command("ask", user="alice", conversation=conversation.pk, approval="approve", sync=True)
+    assert "Sent." in capsys.readouterr().out
+    assert len(mail.outbox) == 1

@@ -12,7 +12,8 @@ from django_q.conf import Conf
 
 from orchestration.audit import turn_audit
 from orchestration.models import Conversation, Event, Turn, TurnStatus
-from orchestration.pauses import AlreadyAnswered, pause_question, turn_continue
+from orchestration.approvals import approval_answer, approval_question
+from orchestration.pauses import APPROVAL, AlreadyAnswered, pause_question, turn_continue
 from orchestration.turns import TurnRefused, turn_start
 
 FINAL = {TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED}
@@ -27,18 +28,22 @@ class Command(BaseCommand):
         parser.add_argument("--conversation", type=int, help="Continue this conversation (default: a new one).")
         parser.add_argument("--continue", dest="resume", action="store_true",
                             help="Answer 'continue' to the paused turn of --conversation.")
+        parser.add_argument("--approve", dest="approval", action="store_const", const="approve",
+                            help="Approve the call the paused turn of --conversation asks about.")
+        parser.add_argument("--deny", dest="approval", action="store_const", const="deny",
+                            help="Deny the call the paused turn of --conversation asks about.")
         parser.add_argument("--sync", action="store_true", help="Run the tasks inline instead of on workers.")
         parser.add_argument("--json", action="store_true", help="Print the turn's audit tree as JSON.")
         parser.add_argument("--timeout", type=float, default=600, help="Seconds to wait for the workers.")
 
-    def handle(self, *args, message, user, conversation, resume, sync, json, timeout, **options):
+    def handle(self, *args, message, user, conversation, resume, approval, sync, json, timeout, **options):
         owner = get_user_model().objects.filter(username=user).first()
         if owner is None:
             raise CommandError(f"No user named {user!r}.")
         if sync:
             Conf.SYNC = True
         try:
-            turn = self._start(owner, message, conversation, resume)
+            turn = self._start(owner, message, conversation, resume or approval)
         except (TurnRefused, AlreadyAnswered) as exc:
             raise CommandError(str(exc)) from None
         with timezone.override(turn.time_zone or None):  # the times it prints: the user's
@@ -49,7 +54,9 @@ class Command(BaseCommand):
             return
         self.stdout.write(self.style.NOTICE(f"\nconversation {turn.conversation_id}, turn {turn.number}: {turn.status}"))
         if turn.status == TurnStatus.PAUSED:
-            self.stdout.write(f"Resume with: manage.py ask --user {user} --conversation {turn.conversation_id} --continue")
+            asking = turn.pauses.filter(decision="", limit=APPROVAL).exists()
+            how = "--approve (or --deny)" if asking else "--continue"
+            self.stdout.write(f"Resume with: manage.py ask --user {user} --conversation {turn.conversation_id} {how}")
         if turn.status == TurnStatus.FAILED:
             raise CommandError(turn.error)
 
@@ -66,6 +73,10 @@ class Command(BaseCommand):
             turn = conversation.turns.order_by("-number").first()
             if turn is None:
                 raise CommandError("This conversation has no turn to continue.")
+            if resume in ("approve", "deny"):
+                approval_answer(turn=turn, user=owner, approve=resume == "approve")
+                turn.refresh_from_db()
+                return turn
             return turn_continue(turn=turn, user=owner)
         if not message:
             raise CommandError("Say something: manage.py ask --user NAME \"message\".")
@@ -98,6 +109,8 @@ class Command(BaseCommand):
 
 def _answer(turn: Turn) -> str:
     pause = turn.pauses.filter(decision="").first() if turn.status == TurnStatus.PAUSED else None
+    if pause is not None and pause.limit == APPROVAL:
+        return approval_question(pause.detail)
     if pause is not None:  # the chat keeps a one-line record; the question is the prompt's
         return pause_question(pause.limit, pause.detail)
     shown = turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).exclude(content="").order_by("seq")
