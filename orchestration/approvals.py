@@ -41,7 +41,6 @@ from skills.models import Policy, SkillRule
 from skills.policy import domain_of, policy_for
 
 
-
 class ApprovalNeeded(LimitTripped):
     """A call waits for the owner's word: the turn pauses with the call (turn_pause)."""
 
@@ -50,6 +49,14 @@ class ApprovalNeeded(LimitTripped):
         detail = {"agent": dispatch.agent_id, "dispatch_id": dispatch.pk, "skill": skill, "arguments": arguments,
                   "digest": call_digest(skill, arguments), "reasons": reasons, "outside": outside}
         super().__init__(APPROVAL, f"{dispatch.agent_id} asks to run {skill}: {'; '.join(reasons)}", detail=detail)
+
+    def record(self, pause: TurnPause) -> None:
+        """The question: the call as the agent made it, why it asks, what reached it."""
+        SkillApproval.objects.create(
+            turn=pause.turn, dispatch_id=self.detail["dispatch_id"], pause=pause, skill=self.detail["skill"],
+            arguments=self.detail["arguments"], digest=self.detail["digest"], reasons=self.detail["reasons"],
+            outside=self.detail["outside"],
+        )
 
 
 def call_digest(skill: str, arguments: object) -> str:
@@ -106,16 +113,6 @@ def _answer_for(dispatch: AgentDispatch, skill: str, arguments: dict) -> SkillAp
     return None
 
 
-def approval_record(pause: TurnPause) -> SkillApproval:
-    """The question a pause for an approval asks (turn_pause calls this in its transaction)."""
-    detail = pause.detail
-    return SkillApproval.objects.create(
-        turn=pause.turn, dispatch_id=detail["dispatch_id"], pause=pause, skill=detail["skill"],
-        arguments=detail["arguments"], digest=detail["digest"], reasons=detail["reasons"],
-        outside=detail.get("outside", []),
-    )
-
-
 def approval_answer(*, turn: Turn, user, approve: bool, always: bool = False) -> SkillApproval:
     """The owner's answer to the open approval of `turn`: approve (once, or with `always`
     a rule allowing the skill for ASSISTANT_APPROVAL_RULE_DAYS, to these recipients'
@@ -132,9 +129,8 @@ def approval_answer(*, turn: Turn, user, approve: bool, always: bool = False) ->
         approval = SkillApproval.objects.select_for_update().get(pause=pause)
         rule = _rule_for(approval, user) if approve and always and rule_offered(approval) else None
         decision = SkillApproval.Decision.APPROVED if approve else SkillApproval.Decision.DENIED
-        SkillApproval.objects.filter(pk=approval.pk).update(
-            decision=decision, decided_by=user, decided_at=timezone.now(), rule=rule)
-        approval.refresh_from_db()
+        approval.decision, approval.decided_by, approval.decided_at, approval.rule = decision, user, timezone.now(), rule
+        approval.save(update_fields=["decision", "decided_by", "decided_at", "rule"])
         event_record(
             type="approval.decided", turn=turn,
             summary=f"{user.get_username()} {decision} {approval.skill} for {pause.detail.get('agent', '')}"
@@ -194,7 +190,7 @@ def approval_question(detail: dict) -> str:
     """The approval prompt as text (manage.py ask prints it)."""
     arguments = detail.get("arguments") or {}
     lines = [f"**Approve?** {detail.get('agent', 'an agent')} wants to run {detail.get('skill')}. "
-             "Nothing has been done yet."]
+             + "Nothing has been done yet."]
     lines += [f"- {key}: {value if not isinstance(value, list) else ', '.join(map(str, value))}"
               for key, value in arguments.items()]
     lines += ["It asks because:"] + [f"- {reason}" for reason in detail.get("reasons", [])]

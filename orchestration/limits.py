@@ -106,3 +106,7 @@ class LimitTripped(Exception):
         self.limit = limit
         self.message = message
         self.detail = detail or {}
+
+    def record(self, pause) -> None:
+        """Store what this question needs beside its TurnPause, in the pausing transaction
+        (an approval's call: orchestration/approvals.py)."""

@@ -341,9 +341,10 @@ class AgentDispatch(models.Model):
     # A delegating agent back in `created` until its own agents finish (no worker held):
     # {"tool_call_id", "agent_ids"} of the get_agent_results call it is waiting on.
     awaiting = models.JSONField(default=dict, blank=True)
-    # The outside content that has reached this agent (its skills' results, its
-    # dependencies' and children's reports, the orchestrator's reading when it was
-    # dispatched): while any has, its side effects ask first (orchestration/approvals.py).
+    # Outside content (orchestration/approvals.py): while it runs, what reached it from
+    # outside its run (the orchestrator's or parent's reading when it was dispatched); once
+    # it has finished, everything that reached it (its results, dependencies' and
+    # children's reports too), which marks its report as data for whoever reads it.
     outside = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

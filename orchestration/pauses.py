@@ -21,13 +21,8 @@ from orchestration.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
 from orchestration.tasks import enqueue_orchestrator_step
 
-APPROVAL = "approval"  # orchestration/approvals.py (which imports this module)
+APPROVAL = "approval"  # the limit of an approval's pause (orchestration/approvals.py)
 
-
-def approval_record(pause: TurnPause) -> None:
-    from orchestration.approvals import approval_record as record
-
-    record(pause)
 
 def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) -> TurnPause | None:
     with transaction.atomic():
@@ -51,8 +46,7 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
                 pause = TurnPause.objects.create(turn=turn, limit=trip.limit, detail=detail)
         except IntegrityError:
             return None  # already paused by a concurrent trip
-        if trip.limit == APPROVAL:
-            approval_record(pause)
+        trip.record(pause)
         Turn.objects.filter(pk=turn.pk).update(
             status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0, answer_draft="",
             # the waiting state is re-derived on resume, from the pending tool call

@@ -101,7 +101,10 @@ async def agent_run(dispatch_id: int) -> None:
     except Exception as exc:
         logger.exception("Dispatch %s failed", dispatch_id)
         finish = Finish(DispatchOutcome.FAILED, "", f"{type(exc).__name__}: {exc}")
-    await db(_finish, agent.dispatch, agent.token, finish, progress=agent.progress(), usage=agent.usage)
+    # `outside` is written only at the end: until then the row keeps what reached the agent
+    # from outside its run (its dispatch), so a replay rebuilds exactly what each step had seen.
+    await db(_finish, agent.dispatch, agent.token, finish, progress={**agent.progress(), "outside": agent.outside},
+             usage=agent.usage)
 
 
 @transaction.atomic
@@ -230,7 +233,8 @@ class _Agent:
     idle: int = 0
     last_text: str = ""
     # The outside content that has reached the agent: from its dispatch (the orchestrator's
-    # or its parent's reading), its dependencies' reports and every result since.
+    # or its parent's reading), its dependencies' reports and every result since (a replay
+    # rebuilds it from the stored results).
     outside: list[str] = field(default_factory=list)
 
     @classmethod
@@ -262,7 +266,7 @@ class _Agent:
         end): a crash in between loses nothing a replay does not rebuild."""
         return {"transcript": self.messages[1:], "tool_calls_used": self.used, "llm_calls": self.llm_calls,
                 "prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens,
-                "cached_tokens": self.usage.cached_tokens, "outside": self.outside}
+                "cached_tokens": self.usage.cached_tokens}
 
     def heartbeat(self) -> None:
         _step_heartbeat(self.dispatch, self.token, **self.progress())

@@ -120,8 +120,8 @@ def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
     shortfall = shortfall_note(turn)
     if shortfall:  # the model's answer may claim more than happened: the record says what did not
         message_append(turn=turn, role=Message.Role.NOTICE, content=shortfall)
-    if side_effects(turn):
-        message_append(turn=turn, role=Message.Role.NOTICE, content=side_effects_note(turn))
+    if effects := side_effects_note(turn):
+        message_append(turn=turn, role=Message.Role.NOTICE, content=effects)
     event_record(
         type="turn.completed", turn=turn, summary=f"Turn {turn.number} answered",
         payload={"answer_message_id": answer.pk, "llm_iterations": turn.llm_iterations,
@@ -174,8 +174,11 @@ def side_effects(turn: Turn) -> list[str]:
 
 
 def side_effects_note(turn: Turn) -> str:
-    """Written by the engine under every turn that had any, whatever the model said."""
+    """Written by the engine under every turn that had any, whatever the model said;
+    "" when it had none."""
     lines = side_effects(turn)
+    if not lines:
+        return ""
     return "Side effects (from the engine's record):\n" + "\n".join(f"- {line}" for line in lines)
 
 
@@ -185,8 +188,9 @@ def turn_fail(*, turn_id: int, error: str, token: str | None = None) -> None:
     if turn is None:
         return
     lifecycle.turn_dispatches_close(turn, reason="the turn failed")
-    effects = ("\n\n" + side_effects_note(turn)) if side_effects(turn) else ""
-    message_append(turn=turn, role=Message.Role.NOTICE, content=f"Sorry — this turn failed. {error}{effects}")
+    effects = side_effects_note(turn)
+    message_append(turn=turn, role=Message.Role.NOTICE,
+                   content=f"Sorry — this turn failed. {error}" + (f"\n\n{effects}" if effects else ""))
     event_record(type="turn.failed", turn=turn, summary=f"Turn {turn.number} failed: {error[:200]}", payload={"error": error})
 
 
@@ -204,8 +208,8 @@ def turn_stop(*, turn: Turn, user) -> Turn:
     _finish(turn.pk, None, status=TurnStatus.STOPPED)
     lifecycle.turn_dispatches_close(turn, reason="stopped by the owner")
     summary = stop_summary(turn)
-    if side_effects(turn):
-        summary += "\n\n" + side_effects_note(turn)
+    if effects := side_effects_note(turn):
+        summary += f"\n\n{effects}"
     message_append(turn=turn, role=Message.Role.NOTICE, content=summary)
     event_record(type="turn.stopped", turn=turn, summary=f"Turn {turn.number} stopped by {user.get_username()}",
                  payload={"stopped_by": user.get_username(), "summary": summary})

@@ -345,11 +345,11 @@ class _Call:
                         parent=self.parent, **fields,
                     )
                     if clear is not None and skill is not None:
-                        row.clearance = self._clear(clear, skill, row)
+                        row.clearance = self._hook(clear, skill, self.arguments, row)
                         if row.clearance:
                             row.save(update_fields=["clearance"])
                     if before_run is not None:
-                        self._reserve(before_run)
+                        self._hook(before_run, str(self.name), self.arguments)
                     return row, True
             except IntegrityError:
                 existing = self.model.objects.filter(**key).first()
@@ -360,19 +360,14 @@ class _Call:
                 tool_call_id = _derived_id(self.tool_call_id, self.name, self.arguments)
         raise IntegrityError(f"no free key for tool call {self.tool_call_id!r}")
 
-    def _clear(self, clear: Clear, skill: Skill, row) -> dict:
+    def _hook(self, hook: Callable, *args):
+        """`clear` or `before_run`. What it raises propagates; for a nested call, through
+        its outer call too, whatever that call's handler does with it (a denial excepted:
+        it is this call's answer)."""
         try:
-            return clear(skill, self.arguments, row)
+            return hook(*args)
         except CallDenied:
             raise
-        except BaseException as exc:
-            if self.outer is not None:
-                self.outer.refused = exc
-            raise
-
-    def _reserve(self, before_run: BeforeRun) -> None:
-        try:
-            before_run(str(self.name), self.arguments)
         except BaseException as exc:
             if self.outer is not None:
                 self.outer.refused = exc

@@ -39,7 +39,7 @@ def test_ask_prints_the_answer_as_it_streams_and_only_once(llm, qcluster, alice)
 
     pieces = [w for w in terminal.writes if w.strip() and ANSWER.find(w.strip()) >= 0]
     assert len(pieces) >= 3, terminal.writes  # in several pieces, as it arrived
-    assert terminal.getvalue().count(ANSWER) == 1  # the whole answer, exactly once
+    assert terminal.getvalue().count(ANSWER) == 1  # the whole answer, exactly once, unbroken by events
     assert "orchestrator.llm_call" in progress.getvalue()  # events go to stderr
     from orchestration.models import Turn
 

@@ -86,6 +86,9 @@ class Command(BaseCommand):
         """Follow the turn until it ends (or pauses): its events on stderr as progress, its
         answer on stdout as it streams, then the rest of it once stored (not with --json)."""
         last_id, printed = 0, _Printed(self.stdout)
+        # An event breaks the answer's line only where both show on one terminal: stdout
+        # piped to a file gets the answer as it is, with no line breaks of ours in it.
+        shared_terminal = self.stdout.isatty() and self.stderr.isatty()
         deadline = time.monotonic() + timeout
         while True:
             turn.refresh_from_db()
@@ -95,7 +98,8 @@ class Command(BaseCommand):
             for event in Event.objects.filter(turn=turn, id__gt=last_id).order_by("id"):
                 last_id = event.pk
                 if not quiet:
-                    printed.end_line()
+                    if shared_terminal:
+                        printed.end_line()
                     at = timezone.localtime(event.created_at)
                     self.stderr.write(f"  {at:%H:%M:%S.%f}"[:-3] + f" {event.type:<34} {event.summary}")
             if final:
