@@ -50,6 +50,9 @@ class ApprovalNeeded(LimitTripped):
                   "digest": call_digest(skill, arguments), "reasons": reasons, "outside": outside}
         super().__init__(APPROVAL, f"{dispatch.agent_id} asks to run {skill}: {'; '.join(reasons)}", detail=detail)
 
+    def summary(self, label: str) -> str:
+        return f"Approval asked: {self.message}"
+
     def record(self, pause: TurnPause) -> None:
         """The question: the call as the agent made it, why it asks, what reached it."""
         SkillApproval.objects.create(

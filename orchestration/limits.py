@@ -107,6 +107,10 @@ class LimitTripped(Exception):
         self.message = message
         self.detail = detail or {}
 
+    def summary(self, label: str) -> str:
+        """The timeline's line for the trip; `label` names the limit in words."""
+        return f"Limit reached: {label}"
+
     def record(self, pause) -> None:
         """Store what this question needs beside its TurnPause, in the pausing transaction
         (an approval's call: orchestration/approvals.py)."""

@@ -51,7 +51,7 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
             status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0, answer_draft="",
             # the waiting state is re-derived on resume, from the pending tool call
         )
-        event_record(type="limit.tripped", turn=turn, summary=f"Limit reached: {pause.words.label}",
+        event_record(type="limit.tripped", turn=turn, summary=trip.summary(pause.words.label),
                      payload=detail | {"limit": trip.limit})
         # A one-line record in the chat; the question itself, with its buttons, is the
         # prompt panel (one prompt per pause). The detail stays on the pause and the event.

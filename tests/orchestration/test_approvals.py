@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from benchmarks.llm_server import Agent, Plan
 from orchestration.approvals import approval_answer
-from orchestration.models import AgentDispatch, Message, SkillApproval, SkillExecution, TurnPause
+from orchestration.models import AgentDispatch, Event, Message, SkillApproval, SkillExecution, TurnPause
 from orchestration.pauses import AlreadyAnswered, turn_continue
 from orchestration.turns import TurnRefused
 from skills.domains.files.workspace import workspace_root
@@ -68,6 +68,8 @@ def test_email_asks_by_default_and_approve_sends_it_once(llm, run_turn, alice):
     assert approval.reasons == ["email.send asks first (the default for email.send: ask first)"]
     assert approval.outside == [] and approval.pause.limit == "approval"
     assert mail.outbox == [] and not SkillExecution.objects.filter(skill="email.send").exists()
+    assert Event.objects.get(turn=turn, type="limit.tripped").summary == (
+        "Approval asked: mailer asks to run email.send: email.send asks first (the default for email.send: ask first)")
 
     approval_answer(turn=turn, user=alice, approve=True)
     turn.refresh_from_db()
