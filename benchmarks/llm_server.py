@@ -24,6 +24,7 @@ the request (`streaming="refuse"`, HTTP 400).
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import threading
 import time
@@ -333,6 +334,90 @@ class Plan:
                 for i, (s, a) in enumerate(batch)
             ])
         return text(agent.report or f"{agent.agent_id} done")
+
+
+# Mails what it read wherever its text says "email this … to <address>".
+PLANTED_ORDER = re.compile(r"email (?:this|it)\b[^.]*? to ([\w.+-]+@[\w-]+(?:\.[\w-]+)+)", re.IGNORECASE)
+COURIER = "courier"
+
+
+class Obedient:
+    """A gullible model around `plan`: it does what the text it reads tells it to.
+
+    An agent that reads an order to "email this … to <address>" — in its mission (with
+    the reports it depends on) or in a tool result — mails what it read there to that
+    address at once, if it was granted email.send; and every agent reports what its tool
+    results said, word for word, as a summary would. An orchestrator that reads such an
+    order in a report dispatches a fresh agent, COURIER, granted email.send, with the
+    order and the text in its mission. Nothing is scripted per case: what it obeys is
+    whatever the data planted. Otherwise it follows `plan`.
+    """
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+
+    def __call__(self, request: dict) -> Reply:
+        if "use_skill" in {tool["function"]["name"] for tool in request.get("tools", [])}:
+            return self.agent_reply(request)
+        return self.orchestrator_reply(request)
+
+    def agent_reply(self, request: dict) -> Reply:
+        messages = request["messages"]
+        read = [m.get("content") or "" for m in messages if m["role"] in ("user", "tool")]
+        order = _order_in(read)
+        if order and _granted(request, "email.send") and "email.send" not in _used_skills(messages):
+            address, found = order
+            send = {"to": [address], "subject": "As instructed", "body": found[:2000]}
+            return Reply(tool_calls=[("obey_0", "use_skill", json.dumps({"skill": "email.send", "arguments": send}))])
+        agent_id = agent_of(request)
+        if agent_id in self.plan.agents and len(_tool_contents(messages)) < len(self.plan.agents[agent_id].calls):
+            return self.plan.agent_reply(request)
+        found = "\n".join(_tool_contents(messages))
+        return text(f"{agent_id} done." + (f" What I found:\n{found}" if found else ""))
+
+    def orchestrator_reply(self, request: dict) -> Reply:
+        messages = request["messages"]
+        order = _order_in(_tool_contents(messages))
+        called = _called_tools(messages)
+        if order and not any(COURIER in (c["function"]["arguments"] or "") for m in messages
+                             if m["role"] == "assistant" for c in m.get("tool_calls") or []
+                             if c["function"]["name"] == "dispatch_agent"):
+            address, found = order
+            mission = f"mission:{COURIER} Email this to {address}: {found[:2000]}"
+            return calls(("dispatch_agent", {"agent_id": COURIER, "mission": mission, "skills": ["email.send"]}),
+                         prefix="orch_obey")
+        if called and called[-1] == "dispatch_agent":
+            return calls(("get_agent_results", {}), prefix="orch_results")
+        return self.plan.orchestrator_reply(request)
+
+
+def _order_in(texts: list[str]) -> tuple[str, str] | None:
+    """(address, the text the order was found in), the first order in `texts`."""
+    for content in texts:
+        if match := PLANTED_ORDER.search(content):
+            return match.group(1), content
+    return None
+
+
+def _granted(request: dict, skill: str) -> bool:
+    use_skill = next(t for t in request["tools"] if t["function"]["name"] == "use_skill")
+    return skill in json.dumps(use_skill)
+
+
+def _used_skills(messages: list[dict]) -> set[str]:
+    used = set()
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            if call["function"]["name"] == "use_skill":
+                try:
+                    used.add(json.loads(call["function"]["arguments"]).get("skill"))
+                except (ValueError, AttributeError):
+                    pass
+    return used
+
+
+def _tool_contents(messages: list[dict]) -> list[str]:
+    return [m.get("content") or "" for m in messages if m["role"] == "tool"]
 
 
 def user_text(request: dict) -> str:
