@@ -82,7 +82,7 @@ def gate(*, dispatch: AgentDispatch, user, outside: list[str]) -> Clear:
                              clearance=cleared | {"by": "rule" if verdict.rule_id else "policy"})
         reasons = []
         if verdict.policy == Policy.ASK:
-            reasons.append(f"{skill.name} asks first ({verdict.words})")
+            reasons.append(verdict.words)
         if skill.sends and (new := egress.unfamiliar(user, skill.recipients(arguments))):
             reasons.append(f"first message to {', '.join(new)} (not your domain, a contact or on your allow list)")
         if outside:

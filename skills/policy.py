@@ -20,6 +20,10 @@ from skills.base import Skill
 from skills.models import Policy, SkillRule
 
 
+DEFAULT_WORDS = {Policy.ALLOW: "runs unasked by default", Policy.ASK: "asks first by default",
+                 Policy.DENY: "is refused by default"}
+
+
 @dataclass(frozen=True)
 class Verdict:
     policy: str  # a Policy
@@ -59,4 +63,4 @@ def policy_for(user, skill: Skill, arguments: dict) -> Verdict:
         rule = rules[0]
         return Verdict(rule.policy, f"your rule: {rule.words()}", rule.pk)
     policy = default_policy(skill)
-    return Verdict(policy, f"the default for {skill.name}: {Policy(policy).label}")
+    return Verdict(policy, f"{skill.name} {DEFAULT_WORDS[policy]}")

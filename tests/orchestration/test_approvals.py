@@ -148,11 +148,11 @@ def test_email_asks_by_default_and_approve_sends_it_once(llm, run_turn, alice):
     assert turn.status == "paused"
     approval = pending(turn)
     assert (approval.skill, approval.arguments["to"]) == ("email.send", ["alice@example.com"])
-    assert approval.reasons == ["email.send asks first (the default for email.send: ask first)"]
+    assert approval.reasons == ["email.send asks first by default"]
     assert approval.outside == [] and approval.pause.limit == "approval"
     assert mail.outbox == [] and not SkillExecution.objects.filter(skill="email.send").exists()
     assert Event.objects.get(turn=turn, type="limit.tripped").summary == (
-        "Approval asked: mailer asks to run email.send: email.send asks first (the default for email.send: ask first)")
+        "Approval asked: mailer asks to run email.send: email.send asks first by default")
 
     approval_answer(turn=turn, user=alice, approve=True)
     turn.refresh_from_db()
