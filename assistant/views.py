@@ -10,6 +10,7 @@ from django.utils.html import escape
 from django.views.decorators.http import require_GET, require_POST
 
 from assistant.decorators import audited_conversation, owned_conversation
+from assistant.forms import EgressAllowForm, SkillRuleForm
 from assistant.live import panel_context, replay_floor
 from assistant.preferences import InvalidTimeZone, preferences_time_zone_set, time_zone_names, user_time_zone
 from orchestration import audit
@@ -18,6 +19,8 @@ from orchestration.approvals import approval_answer
 from orchestration.pauses import AlreadyAnswered, turn_continue
 from orchestration.turns import TurnRefused, turn_start, turn_stop
 from orchestration.waterfall import turn_waterfall
+from skills import egress, rules
+from skills.models import EgressAllow, SkillRule
 
 
 @require_GET
@@ -144,6 +147,71 @@ def conversation_export(request, conversation):
     response = JsonResponse(audit.conversation_audit(conversation), json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="conversation-{conversation.pk}-audit.json"'
     return response
+
+
+APPROVALS_PAGE = "approvals/page.html"
+
+
+def _approvals_context(user, *, rule_form=None, allow_form=None) -> dict:
+    return {**rules.policy_overview(user), **egress.egress_overview(user),
+            "rule_form": rule_form or SkillRuleForm(), "allow_form": allow_form or EgressAllowForm()}
+
+
+def _approvals_answer(request, section: str, *, done: str = "", **forms):
+    """After a post on the Approvals page: htmx gets its section again (a form with
+    errors inside it, as typed); a plain form goes back to the page (PRG), or with errors
+    gets the page again, 400, the form as typed."""
+    failed = any(form.errors for form in forms.values())
+    if request.htmx:
+        return render(request, f"{APPROVALS_PAGE}#{section}", _approvals_context(request.user, **forms))
+    if failed:
+        return render(request, APPROVALS_PAGE, _approvals_context(request.user, **forms), status=400)
+    if done:
+        messages.success(request, done)
+    return redirect("approval_rules")
+
+
+@require_GET
+@login_required
+def approval_rules(request):
+    """The owner's approval policy: each skill's default, their rules, the allow list, the caps."""
+    return render(request, APPROVALS_PAGE, _approvals_context(request.user))
+
+
+@require_POST
+@login_required
+def approval_rule_add(request):
+    form = SkillRuleForm(request.POST)
+    if not form.is_valid():
+        return _approvals_answer(request, "rules", rule_form=form)
+    rule = rules.skill_rule_create(owner=request.user, **form.cleaned_data)
+    return _approvals_answer(request, "rules", done=f"Rule added: {rule.words()}")
+
+
+@require_POST
+@login_required
+def approval_rule_revoke(request, rule_id: int):
+    rule = get_object_or_404(SkillRule, pk=rule_id, owner=request.user)
+    rules.skill_rule_revoke(rule=rule)
+    return _approvals_answer(request, "rules", done=f"Rule revoked: {rule.words()}")
+
+
+@require_POST
+@login_required
+def egress_allow_add(request):
+    form = EgressAllowForm(request.POST)
+    if not form.is_valid():
+        return _approvals_answer(request, "egress", allow_form=form)
+    allowed = egress.egress_allow_add(owner=request.user, entry=form.cleaned_data["entry"])
+    return _approvals_answer(request, "egress", done=f"Messages to {allowed.entry} no longer ask first.")
+
+
+@require_POST
+@login_required
+def egress_allow_remove(request, entry_id: int):
+    allowed = get_object_or_404(EgressAllow, pk=entry_id, owner=request.user)
+    egress.egress_allow_remove(allowed=allowed)
+    return _approvals_answer(request, "egress", done=f"Removed {allowed.entry} from your allow list.")
 
 
 @require_GET

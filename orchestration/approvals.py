@@ -171,8 +171,10 @@ def _rule_for(approval: SkillApproval, user) -> SkillRule:
     )
 
 
-def clearance_words(clearance: dict) -> str:
-    """By whose word a side effect ran, for the audit: "approved by alice at …"."""
+def clearance_words(clearance: dict, *, with_outside: bool = True) -> str:
+    """By whose word a side effect ran, for the audit: "approved by alice at …".
+    `with_outside=False` leaves out the outside content that had reached it, for a page
+    that marks that on its own line."""
     if not clearance:
         return ""
     if clearance.get("by") == "owner":
@@ -184,7 +186,7 @@ def clearance_words(clearance: dict) -> str:
             words += f" (asked because: {'; '.join(clearance['reasons'])})"
     else:
         words = clearance.get("policy_words") or clearance.get("by", "")
-    if clearance.get("outside"):
+    if with_outside and clearance.get("outside"):
         words += f"; outside content had reached it: {'; '.join(clearance['outside'])}"
     return words
 

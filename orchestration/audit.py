@@ -20,6 +20,7 @@ def execution_tree(executions: list, parent_id=None) -> list[dict]:
         {
             "id": e.pk, "skill": e.skill, "status": e.status, "tool_call_id": e.tool_call_id,
             "arguments": e.arguments, "result": e.result, "error": e.error, "duration_ms": e.duration_ms,
+            "clearance": e.clearance, "outside": e.outside,
             "started_at": _iso(e.started_at), "finished_at": _iso(e.finished_at),
             "children": execution_tree(executions, e.pk),
         }

@@ -3,6 +3,7 @@ from django.utils.safestring import mark_safe
 
 from assistant.payloads import render_payload
 from assistant.rendering import render_markdown
+from orchestration.approvals import clearance_words
 from orchestration.selectors import state_words
 from orchestration.usage import Spend
 
@@ -44,3 +45,10 @@ def payload(value) -> str:
 def words(state) -> str:
     """A turn's, agent's or skill call's state as pages say it: "paused: waiting for you"."""
     return state_words(state)
+
+
+@register.filter
+def cleared_by(clearance) -> str:
+    """By whose word a side effect ran ("the owner's word: alice at …", "your rule: …");
+    the outside content that had reached it is left to its own, marked line."""
+    return clearance_words(clearance or {}, with_outside=False)

@@ -16,6 +16,8 @@ from django.apps import apps
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern, RoutePattern
 
+from skills.models import EgressAllow, SkillRule
+
 _ARGUMENT = re.compile(r"<(?:\w+:)?(\w+)>")
 _NAMED_GROUP = re.compile(r"\(\?P<(\w+)>[^()]*\)")
 
@@ -78,6 +80,22 @@ def _template(pattern) -> str:
     if re.search(r"[\\()\[\]{}*+?|^$]", template.replace("<", "").replace(">", "")):
         raise AssertionError(f"the sweep cannot fill the regex route {str(pattern)!r}: teach sweep.py")
     return template
+
+
+def approval_ids(user) -> dict[str, int]:
+    """A rule and an allow-list entry of `user`'s: what the Approvals page's routes
+    (rule_id, entry_id) revoke and remove."""
+    rule = SkillRule.objects.create(owner=user, skill="email.send", policy="allow", recipient_domain="example.org")
+    allowed = EgressAllow.objects.create(owner=user, entry="friend@example.org")
+    return {"rule_id": rule.pk, "entry_id": allowed.pk}
+
+
+def approval_ids_missing() -> dict[str, int]:
+    """Ids no rule or allow-list entry has (past every row that exists)."""
+    def past(model) -> int:
+        return (model.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1000
+
+    return {"rule_id": past(SkillRule), "entry_id": past(EgressAllow)}
 
 
 def snapshot() -> dict[str, list[dict]]:

@@ -11,7 +11,7 @@ them here; tests/web/test_csrf.py covers that), and every row of the project's d
 compared before and after. A route that takes one method only answers the other with
 405 before it looks at any id, identically for every id, so a 405 reveals nothing either.
 
-alice's conversation is set up twice — with a paused turn (where continue and stop would
+alice's conversation (and a rule and an allow-list entry of hers) is set up twice — with a paused turn (where continue and stop would
 act) and idle (where a message would start a turn) — and alice herself reaches every
 route with the same URLs, so neither "nothing changed" nor "404" can pass vacuously.
 The socket (ws/conversations/<id>/) is swept in tests/web/test_consumer.py.
@@ -28,7 +28,7 @@ from django.urls import reverse
 from orchestration.limits import Limits
 from orchestration.models import Conversation, Event, Message, Turn, TurnPause
 from tests.factories import conversation_for, turn_for
-from tests.web.sweep import all_routes, changes, snapshot
+from tests.web.sweep import all_routes, approval_ids, approval_ids_missing, changes, snapshot
 
 ROUTES = all_routes()
 APP_ROUTES = [route for route in ROUTES if not route.is_admin]
@@ -73,7 +73,7 @@ def alices(request, alice) -> dict[str, int]:
         turn = turn_for(conversation, status="completed", limits=limits)
     Message.objects.create(conversation=conversation, turn=turn, seq=1, role="user", content="My secret plan")
     Event.objects.create(conversation=conversation, turn=turn, type="turn.started", summary="Turn 1 started")
-    return {"conversation_id": conversation.pk, "turn_id": turn.pk}
+    return {"conversation_id": conversation.pk, "turn_id": turn.pk, **approval_ids(alice)}
 
 
 @pytest.fixture
@@ -82,6 +82,7 @@ def missing(alices) -> dict[str, int]:
     return {
         "conversation_id": (Conversation.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1000,
         "turn_id": (Turn.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1000,
+        **approval_ids_missing(),
     }
 
 
@@ -91,15 +92,16 @@ def test_the_sweep_sees_the_routes():
     names = {route.name for route in ROUTES}
     assert {
         "conversation_detail", "message_send", "turn_continue", "turn_stop",
-        "conversation_audit", "conversation_export",
+        "conversation_audit", "conversation_export", "approval_rule_revoke", "egress_allow_remove",
     } <= {route.name for route in ID_ROUTES}
-    assert PUBLIC | STAFF_READABLE | {"conversation_list", "conversation_create"} <= names
+    assert PUBLIC | STAFF_READABLE | {"conversation_list", "conversation_create", "approval_rules",
+                                      "approval_rule_add", "egress_allow_add"} <= names
     assert "admin:index" in names and len(ADMIN_ROUTES) > 20
 
 
 @pytest.mark.parametrize("route", APP_ROUTES, ids=str)
 def test_every_route_argument_can_be_filled(route):
-    assert route.url({"conversation_id": 1, "turn_id": 2}).startswith("/")
+    assert route.url({"conversation_id": 1, "turn_id": 2, "rule_id": 3, "entry_id": 4}).startswith("/")
 
 
 @pytest.mark.parametrize("route", ID_ROUTES, ids=str)
@@ -155,7 +157,7 @@ def test_anonymous_is_sent_to_login_and_changes_nothing(client, alices, missing,
 @pytest.mark.parametrize("route", ID_ROUTES, ids=str)
 def test_ids_that_do_not_exist_are_404(alice_client, alices, missing, route):
     before = snapshot()
-    beyond_any_integer_column = {"conversation_id": 2**63, "turn_id": 2**63}
+    beyond_any_integer_column = dict.fromkeys(missing, 2**63)
     for ids in (missing, beyond_any_integer_column):
         assert_not_found(codes(alice_client, route.url(ids)), route.url(ids))
     if "turn_id" in route.arguments:

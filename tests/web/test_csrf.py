@@ -16,18 +16,19 @@ from orchestration.limits import Limits
 from orchestration.models import TurnPause
 from tests.conftest import PASSWORD
 from tests.factories import conversation_for, turn_for
-from tests.web.sweep import all_routes, changes, snapshot
+from tests.web.sweep import all_routes, approval_ids, changes, snapshot
 
 APP_ROUTES = [route for route in all_routes() if not route.is_admin]
 
 
 @pytest.fixture
 def ids(alice) -> dict[str, int]:
-    """alice's conversation with a paused turn: continue, stop would each change it."""
+    """alice's conversation with a paused turn: continue, stop would each change it; her
+    rule and allow-list entry: revoke, remove would."""
     conversation = conversation_for(alice, title="Planning")
     turn = turn_for(conversation, status="paused", limits=Limits.from_settings().to_json())
     TurnPause.objects.create(turn=turn, limit="turn_max_agents", detail={"message": "8 agents", "used": 8})
-    return {"conversation_id": conversation.pk, "turn_id": turn.pk}
+    return {"conversation_id": conversation.pk, "turn_id": turn.pk, **approval_ids(alice)}
 
 
 @pytest.fixture
@@ -49,7 +50,8 @@ def still_logged_in(client: Client) -> bool:
 
 def test_the_post_routes_are_all_swept():
     names = {route.name for route in APP_ROUTES}
-    assert {"message_send", "turn_continue", "turn_stop", "conversation_create", "logout", "login"} <= names
+    assert {"message_send", "turn_continue", "turn_stop", "conversation_create", "logout", "login",
+            "approval_rule_add", "approval_rule_revoke", "egress_allow_add", "egress_allow_remove"} <= names
 
 
 @pytest.mark.parametrize("htmx", [False, True], ids=["form", "htmx"])
