@@ -7,6 +7,7 @@ planted instruction is flagged as outside content, in red, on every question it 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from playwright.sync_api import expect
 from benchmarks.llm_server import COURIER, Agent, Obedient, Plan
 from orchestration.models import SkillApproval, SkillExecution
 from skills.domains.email.models import OutboxEmail
+from skills.models import EgressAllow, SkillRule
 from tests.browser.conftest import assert_timeline_complete, wait_turn
 from tests.conftest import APPROVALS_ON_ENV
 
@@ -104,3 +106,46 @@ def test_planted_text_is_flagged_and_deny_lets_the_turn_go_on(servers, visit, al
     assert list(SkillApproval.objects.filter(turn=turn).values_list("dispatch__agent_id", "decision")) == [
         ("reader", "denied"), (COURIER, "denied")]
     assert_timeline_complete(tab, conversation_id)
+
+
+def test_the_owner_makes_and_ends_rules_on_the_approvals_page(servers, visit, alice, request):
+    """htmx swaps each section in place: a rule appears, a bad domain is refused next to its
+    field, a revoked rule moves to the history; the allow list likewise."""
+    site = servers(workers=0, env=APPROVALS_ON_ENV)
+    tab = visit(site, "alice")
+    page = tab.page
+    page.click("nav >> text=Approvals")
+    page.wait_for_url(site.url + "/approvals/")
+    expect(page.locator("#policy-email\\.send .policy-default")).to_have_text("ask first")
+    page.evaluate("window.__sameDocument = true")
+
+    page.select_option("#id_skill", "email.send")
+    page.select_option("#id_policy", "allow")
+    page.fill("#id_recipient_domain", "example.com; Bcc: eve")
+    page.click("#rule-form button[type=submit]")
+    expect(page.locator("#rule-form .field-error")).to_contain_text("Enter a domain")
+    expect(page.locator("#id_recipient_domain")).to_have_value("example.com; Bcc: eve")  # as typed
+    page.fill("#id_recipient_domain", "example.com")
+    page.fill("#id_days", "30")
+    page.click("#rule-form button[type=submit]")
+    expect(page.locator("#live-rules .rule-words")).to_have_text(
+        re.compile(r"^allow email\.send to addresses at example\.com until \d{4}-\d\d-\d\d \d\d:\d\d$"))
+    expect(page.locator("#policy-email\\.send")).to_contain_text("allow email.send to addresses at example.com")
+    expect(page.locator("#rule-form .field-error")).to_have_count(0)
+    rule = SkillRule.objects.get(owner=alice)
+    assert rule.recipient_domain == "example.com" and rule.expires_at
+
+    page.click(f"#rule-{rule.pk} button")
+    expect(page.locator("#ended-rules")).to_contain_text("revoked")
+    expect(page.locator("#live-rules")).to_contain_text("No rules")
+
+    page.fill("#id_entry", "Partner.test")
+    page.click("#allow-form button[type=submit]")
+    expect(page.locator("#allowed code")).to_have_text("partner.test")
+    tab.screenshot(request.node, "approvals-page")
+    page.click("#allowed button")
+    expect(page.locator("#allowed")).to_contain_text("Nobody on your allow list.")
+    assert not EgressAllow.objects.exists()
+    rule.refresh_from_db()
+    assert rule.revoked_at is not None
+    assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"

@@ -127,7 +127,7 @@ def test_planted_text_sends_nothing_without_the_owner(case, llm, run_turn, alice
 
 
 def test_an_approved_re_dispatch_sends_once_and_the_audit_says_why(llm, run_turn, alice, planted_file,
-                                                                    email_allowed_everywhere):
+                                                                    email_allowed_everywhere, client):
     """The owner may let it go: by their word, once, recorded with what had reached it."""
     llm.respond = Obedient(CORPUS["the orchestrator's reading"][0])
     turn = run_turn("Summarise my launch notes")
@@ -140,6 +140,11 @@ def test_an_approved_re_dispatch_sends_once_and_the_audit_says_why(llm, run_turn
     sent = SkillExecution.objects.get(skill="email.send")
     assert sent.clearance["by"] == "owner" and sent.clearance["outside"] == ["file notes.txt"]
     assert SkillApproval.objects.filter(turn=turn).count() == 1 and llm.errors == []
+    client.force_login(alice)
+    audit = client.get(f"/conversations/{turn.conversation_id}/audit/").content.decode()
+    assert f'<div class="clearance">Allowed by the owner&#x27;s word: alice at' in audit
+    assert '<div class="outside">Outside content had reached this call: file notes.txt</div>' in audit
+    assert '<div class="outside">Outside content in this result: file notes.txt</div>' in audit  # the read
 
 
 def test_email_asks_by_default_and_approve_sends_it_once(llm, run_turn, alice):
@@ -274,7 +279,7 @@ def test_always_allow_makes_a_rule_for_the_domain_that_expires(llm, run_turn, al
     assert len(mail.outbox) == 2
 
 
-def test_a_deny_rule_refuses_without_asking(llm, run_turn, alice):
+def test_a_deny_rule_refuses_without_asking(llm, run_turn, alice, client):
     SkillRule.objects.create(owner=alice, skill="email.send", policy=Policy.DENY)
     llm.respond = Plan([Agent("mailer", ["email.send"], [send()])])
     turn = run_turn()
@@ -282,6 +287,9 @@ def test_a_deny_rule_refuses_without_asking(llm, run_turn, alice):
     execution = SkillExecution.objects.get(skill="email.send")
     assert execution.result["error_kind"] == "denied" and execution.clearance["by"] == "rule"
     assert not TurnPause.objects.filter(turn=turn).exists()
+    client.force_login(alice)
+    audit = client.get(f"/conversations/{turn.conversation_id}/audit/").content.decode()
+    assert '<div class="clearance">Refused by your rule: deny email.send</div>' in audit
 
 
 def test_the_daily_cap_refuses_a_send(llm, run_turn, alice, settings):
