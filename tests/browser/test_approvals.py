@@ -71,6 +71,9 @@ def test_the_question_shows_the_email_and_approve_sends_it_once(servers, visit, 
     assert SkillExecution.objects.get(skill="email.send").clearance["decided_by"] == "alice"
     assert_timeline_complete(tab, conversation_id)
     assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+    # last: a screenshot leaves an empty style attribute on the focused input, which
+    # htmx's settle would then copy onto its replacement (a CSP error of the test's making)
+    tab.screenshot(request.node, "approvals-page")
 
 
 def test_planted_text_is_flagged_and_deny_lets_the_turn_go_on(servers, visit, alice, llm, request, tmp_path):
@@ -142,10 +145,12 @@ def test_the_owner_makes_and_ends_rules_on_the_approvals_page(servers, visit, al
     page.fill("#id_entry", "Partner.test")
     page.click("#allow-form button[type=submit]")
     expect(page.locator("#allowed code")).to_have_text("partner.test")
-    tab.screenshot(request.node, "approvals-page")
     page.click("#allowed button")
     expect(page.locator("#allowed")).to_contain_text("Nobody on your allow list.")
     assert not EgressAllow.objects.exists()
     rule.refresh_from_db()
     assert rule.revoked_at is not None
     assert page.evaluate("window.__sameDocument") is True, "the page was reloaded"
+    # last: a screenshot leaves an empty style attribute on the focused input, which
+    # htmx's settle would then copy onto its replacement (a CSP error of the test's making)
+    tab.screenshot(request.node, "approvals-page")

@@ -242,7 +242,7 @@ async def test_an_event_committed_after_the_page_rendered_a_bigger_id_still_arri
 
     comm = communicator(conversation.pk, alice, last=int(re.search(r"\?last=(\d+)", page).group(1)))
     await comm.connect()
-    html = await comm.receive_from()
+    html = await comm.receive_from(timeout=5)  # the catch-up waits for settling; CI may be busy
     assert f'id="event-{late["event"].pk}"' in html
     await comm.disconnect()
 
