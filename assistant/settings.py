@@ -334,5 +334,7 @@ LOGGING = {
         "django-q": {"level": env_str("Q_LOG_LEVEL", "WARNING")},
         # httpx logs every model request at INFO: a line per call is noise and CPU.
         "httpx": {"level": env_str("HTTPX_LOG_LEVEL", "WARNING")},
+        # django-axes logs every successful login at INFO; failures and lockouts are warnings.
+        "axes": {"level": env_str("AXES_LOG_LEVEL", "WARNING")},
     },
 }
