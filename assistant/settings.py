@@ -168,6 +168,8 @@ if not DEBUG:
 TRUSTED_PROXY = env_bool("TRUSTED_PROXY", False)
 if TRUSTED_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# HSTS preloading is opted into (SECURE_HSTS_PRELOAD=1), not nagged about by `check --deploy`.
+SILENCED_SYSTEM_CHECKS = [] if DEBUG or SECURE_HSTS_PRELOAD else ["security.W021"]
 
 # Requests per user in a sliding window (assistant/ratelimits.py): past it, HTTP 429 with
 # Retry-After. Counted when the request succeeds, so refused or invalid posts cost nothing.

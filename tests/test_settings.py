@@ -172,3 +172,17 @@ def test_weak_passwords_are_refused(db, password, why):
 
     with pytest.raises(ValidationError, match=why):
         validate_password(password)
+
+
+def test_production_settings_pass_the_deploy_checks():
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY", "SECURE_HSTS_SECONDS"}}
+    env.update(DEBUG="0", SECRET_KEY="x" * 60 + "-not-a-real-key-9f8e7d6c", ALLOWED_HOSTS="assistant.example.com")
+    result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+                            cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
