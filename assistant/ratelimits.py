@@ -7,11 +7,19 @@ the web layer answers as HTTP 429 with Retry-After.
 
 Why not a cache-based limiter (django-ratelimit and the like): without Redis the cache is
 per process, and even with it a count in the cache is a second source of truth beside the
-rows. Here the count and the work share one database transaction, with the user's row
-locked: two concurrent requests of one user queue on that lock, so the window can never
-hold more than the limit, and a request that fails (a turn still running, an empty
-message) rolls back its stamp with its work. Other users' requests lock other rows and
+rows. Here the count and the work share one database transaction, under a lock per user
+and kind of request: two concurrent requests of one user queue on it, so the window can
+never hold more than the limit, and a request that fails (a turn still running, an empty
+message) rolls back its stamp with its work. Other users' requests take other locks and
 never wait on these.
+
+The lock is not the user's row. The work locks the conversation (turn_start), and a
+skill's transaction locks its conversation and then the user's row (skills/egress.py,
+one send at a time per owner): a request holding the user's row while it waited for the
+conversation could deadlock with a mail being sent in it. On PostgreSQL it is an
+advisory transaction lock that nothing else takes; on SQLite every write transaction is
+IMMEDIATE (assistant/databases.py), so it holds the database's write lock from its start
+and the count is serialised already.
 """
 
 from __future__ import annotations
@@ -23,8 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from assistant.models import RequestStamp
@@ -70,8 +77,8 @@ class RateLimited(Exception):
 def rate_limited(*, user, action: str) -> Iterator[None]:
     """Admit one request of `action` by `user`, or raise RateLimited before the block runs.
 
-    The block runs in the same transaction as the count, with the user's row locked, and
-    the request is stamped only if the block succeeds: an exception in it (a refused
+    The block runs in the same transaction as the count, under the user's lock, and the
+    request is stamped only if the block succeeds: an exception in it (a refused
     turn) rolls back its work and costs no allowance.
 
         with rate_limited(user=request.user, action=MESSAGE):
@@ -79,9 +86,7 @@ def rate_limited(*, user, action: str) -> Iterator[None]:
     """
     limit = RateLimit.from_settings(action)
     with transaction.atomic():
-        # FOR NO KEY UPDATE: serialises this user's rate-limited requests, yet does not
-        # block inserts of rows that point at the user (a conversation, a turn's rows).
-        get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list("pk").first()
+        _serialise(user_id=user.pk, action=action)
         now = timezone.now()
         stamps = RequestStamp.objects.filter(user=user, action=action)
         stamps.filter(at__lte=now - timedelta(seconds=limit.window_seconds)).delete()
@@ -91,6 +96,14 @@ def rate_limited(*, user, action: str) -> Iterator[None]:
             raise RateLimited(limit, retry_after=max(1, math.ceil((ages_out - now).total_seconds())))
         yield
         RequestStamp.objects.create(user=user, action=action, at=now)
+
+
+def _serialise(*, user_id: int, action: str) -> None:
+    """Make this user's requests of this kind wait for each other until the transaction
+    ends (see the module docstring for why not the user's row)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"ratelimit:{action}:{user_id}"])
 
 
 def duration_words(seconds: int) -> str:

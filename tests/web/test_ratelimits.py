@@ -149,3 +149,50 @@ def test_concurrent_posts_cannot_overshoot(settings, alice, bob):
     assert sorted(statuses["alice"]) == [302] * 5 + [429] * 7
     assert statuses["bob"] == [302]
     assert Conversation.objects.filter(owner=alice).count() == 5
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_message_sent_while_a_mail_goes_out_in_that_conversation_does_not_deadlock(alice):
+    """A skill's transaction locks its conversation, then its owner's row (the email
+    skill's daily cap, skills/egress.py). A message posted to that conversation meanwhile
+    waits for the conversation, and must not hold what the skill needs next: when it held
+    the owner's row, PostgreSQL broke the deadlock by failing one side (a 500, or the mail)."""
+    from django.db import connection as main_connection
+    from django.db import transaction
+
+    from skills.egress import reserve_daily
+    from tests.live.conftest import wait_for
+
+    conversation = conversation_for(alice)
+    skill_holds_conversation = threading.Event()
+    answered: list[int] = []
+
+    def post():
+        client = Client()
+        client.force_login(alice)
+        skill_holds_conversation.wait()
+        try:
+            answered.append(send(client, conversation).status_code)
+        finally:
+            connection.close()
+
+    def someone_waits_on_a_lock() -> bool:
+        with main_connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND datname = current_database()")
+            return cursor.fetchone()[0] > 0
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    try:
+        with transaction.atomic():
+            Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).values_list("pk").first()
+            skill_holds_conversation.set()
+            wait_for(someone_waits_on_a_lock, timeout=30, what="the post to wait for the conversation")
+            reserve_daily(alice, ["bob@example.com"])
+    finally:
+        skill_holds_conversation.set()
+        poster.join(timeout=60)
+    assert answered == [204]
