@@ -38,7 +38,7 @@ from assistant.models import RequestStamp
 
 CONVERSATION = "conversation"
 MESSAGE = "message"
-_NOUNS = {CONVERSATION: "new conversations", MESSAGE: "messages"}
+_NOUNS = {CONVERSATION: ("new conversation", "new conversations"), MESSAGE: ("message", "messages")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,7 +60,8 @@ class RateLimit:
     def refusal(self, retry_after: int) -> str:
         """What the user reads: what was too many, and when to try again."""
         window = "hour" if self.window_seconds == 3600 else duration_words(self.window_seconds)
-        return (f"You have sent {self.limit} {_NOUNS.get(self.action, self.action)} in the last {window}, "
+        one, many = _NOUNS.get(self.action, (self.action, self.action))
+        return (f"You have sent {self.limit} {one if self.limit == 1 else many} in the last {window}, "
                 f"the most allowed. Try again in {duration_words(retry_after)}.")
 
 

@@ -165,8 +165,30 @@ def test_a_message_past_the_limit_shows_in_the_composer_and_keeps_the_text(serve
         tab.page.click("#send-button")
     assert posted.value.status == 429
     error = tab.page.locator("#composer-error-slot #composer-error")
-    expect(error).to_contain_text("You have sent 1 messages in the last hour")
+    expect(error).to_contain_text("You have sent 1 message in the last hour, the most allowed.")
     expect(error).to_contain_text("Try again in")
     expect(tab.page.locator("#composer textarea[name=text]")).to_have_value("And what is due tomorrow?")
     assert not Turn.objects.filter(conversation=second).exists()
     tab.screenshot(request.node, "message-rate-limited", "#composer")
+
+
+def test_a_guesser_at_the_login_form_gets_the_paused_page(servers, visit, alice, bob, request):
+    """In chromium, through the login form: five wrong passwords, then the right one, get
+    the site's own page (styled, a way back), not a 500 or a bare text."""
+    site = servers(workers=0)
+    tab = visit(site)
+    tab.expect_failure(r"^429 POST .*/login/$")
+    tab.expect_failure("the server responded with a status of 429")
+    for guess in ["guess-1", "guess-2", "guess-3", "guess-4", "guess-5", PASSWORD]:
+        tab.goto("/login/")
+        tab.page.fill("input[name=username]", "alice")
+        tab.page.fill("input[name=password]", guess)
+        with tab.page.expect_response(lambda r: r.url.endswith("/login/") and r.request.method == "POST") as posted:
+            tab.page.click("form button[type=submit]")
+        tab.page.wait_for_load_state()
+    assert posted.value.status == 429 and posted.value.headers["retry-after"] == "900"
+    expect(tab.page.locator("h1")).to_have_text("Logins paused")
+    expect(tab.page.locator("#rate-limit-message")).to_contain_text("try again in 15 minutes")
+    tab.screenshot(request.node, "login-paused")
+    tab.page.click("text=Back to the login page")
+    tab.page.wait_for_url(site.url + "/login/")
