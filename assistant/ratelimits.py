@@ -38,7 +38,7 @@ from assistant.models import RequestStamp
 
 CONVERSATION = "conversation"
 MESSAGE = "message"
-_NOUNS = {CONVERSATION: ("new conversation", "new conversations"), MESSAGE: ("message", "messages")}
+_WORDS = {CONVERSATION: ("started", "new conversation", "new conversations"), MESSAGE: ("sent", "message", "messages")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,8 +60,8 @@ class RateLimit:
     def refusal(self, retry_after: int) -> str:
         """What the user reads: what was too many, and when to try again."""
         window = "hour" if self.window_seconds == 3600 else duration_words(self.window_seconds)
-        one, many = _NOUNS.get(self.action, (self.action, self.action))
-        return (f"You have sent {self.limit} {one if self.limit == 1 else many} in the last {window}, "
+        verb, one, many = _WORDS.get(self.action, ("made", self.action, self.action))
+        return (f"You have {verb} {self.limit} {one if self.limit == 1 else many} in the last {window}, "
                 f"the most allowed. Try again in {duration_words(retry_after)}.")
 
 

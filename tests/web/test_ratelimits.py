@@ -45,7 +45,7 @@ def test_new_conversations_past_the_limit_get_a_429_page_with_retry_after(limits
     assert refused.status_code == 429
     assert 3500 <= int(refused["Retry-After"]) <= 3600
     page = refused.content.decode()
-    assert "Too many requests" in page and "3 new conversations in the last hour" in page
+    assert "Too many requests" in page and "You have started 3 new conversations in the last hour" in page
     assert "Try again in 1 hour" in page or "Try again in 60 minutes" in page
     assert "Back to your conversations" in page  # the site's own page, with a way back
     assert Conversation.objects.filter(owner=alice).count() == 3
