@@ -117,3 +117,13 @@ def test_behind_a_trusted_proxy_the_address_it_saw_counts(settings, alice, bob):
     fine = Client(REMOTE_ADDR=proxy).post(reverse("login"), {"username": "bob", "password": PASSWORD},
                                           HTTP_X_FORWARDED_FOR=ELSEWHERE)
     assert fine.status_code == 302  # the proxy's own address is not what was locked
+
+
+def test_staff_see_the_failed_attempts_in_the_admin(alice, superuser):
+    for _ in range(5):
+        log_in("alice", "wrong", ip=ATTACKER)
+    admin = Client()
+    admin.force_login(superuser)
+    page = admin.get(reverse("admin:axes_accessattempt_changelist"))
+    assert page.status_code == 200
+    assert ATTACKER in page.content.decode() and "alice" in page.content.decode()
