@@ -19,3 +19,22 @@ class Preferences(models.Model):
 
     def __str__(self) -> str:
         return f"Preferences of {self.user}"
+
+
+class RequestStamp(models.Model):
+    """One admitted request of a rate-limited kind (a conversation made, a message sent),
+    kept for one window (assistant/ratelimits.py).
+
+    Counted instead of the conversations and turns themselves, so that deleting or
+    pruning them gives no allowance back; the window's stamps are all a user has here
+    (older ones go as new ones come)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    action = models.CharField(max_length=32)
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "action", "at"], name="request_stamp_window")]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.user_id} at {self.at:%Y-%m-%d %H:%M:%S}"

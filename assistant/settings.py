@@ -7,6 +7,7 @@ offline LLM provider. Nothing here needs a service or a key to start.
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -39,6 +40,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "django_q",
     "template_partials",
+    "axes",
     "assistant",
     "orchestration",
     "skills",
@@ -58,6 +60,8 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "assistant.middleware.StyledNotFoundMiddleware",
     "assistant.middleware.ContentSecurityPolicyMiddleware",
+    # last, as django-axes asks: it turns a refused login into the lockout page
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "assistant.urls"
@@ -107,6 +111,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "conversation_list"
@@ -148,10 +153,52 @@ if not DEBUG:
     SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
     CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
-    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 3600)
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    # A year: browsers then refuse plain HTTP to this host (and its subdomains) for that
+    # long, so only once HTTPS works everywhere. Preloading is a promise that is slow to
+    # take back: only on request.
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+
+# --- Rate limits, login throttling, proxy trust (issue 18) ---------------------------------
+# Behind a reverse proxy that terminates TLS, Django sees plain HTTP from the proxy. Only
+# when the operator says one is there (TRUSTED_PROXY=1) are its X-Forwarded-Proto and
+# X-Forwarded-For believed: without a proxy a client could send them itself, pass for
+# HTTPS and pick any IP address to dodge the login throttle.
+TRUSTED_PROXY = env_bool("TRUSTED_PROXY", False)
+if TRUSTED_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# HSTS preloading is opted into (SECURE_HSTS_PRELOAD=1), not nagged about by `check --deploy`.
+SILENCED_SYSTEM_CHECKS = [] if DEBUG or SECURE_HSTS_PRELOAD else ["security.W021"]
+
+# Requests per user in a sliding window (assistant/ratelimits.py): past it, HTTP 429 with
+# Retry-After. Counted when the request succeeds, so refused or invalid posts cost nothing.
+ASSISTANT_RATE_LIMITS = {
+    "conversation": env_int("RATE_CONVERSATIONS_PER_HOUR", 60, minimum=1),
+    "message": env_int("RATE_MESSAGES_PER_HOUR", 120, minimum=1),
+}
+ASSISTANT_RATE_WINDOW_SECONDS = env_int("RATE_WINDOW_SECONDS", 3600, minimum=1)
+
+# Login and admin login (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one
+# username from one IP address, or from one IP address for any usernames, that
+# combination (or address) is refused, even with the right password, for
+# LOGIN_COOLOFF_SECONDS; each attempt meanwhile starts the cool-off again. Not per
+# username alone: anyone could then lock a known user out from anywhere.
+AXES_ENABLED = env_bool("LOGIN_THROTTLE", True)
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_COOLOFF_SECONDS", 900, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
+# A success does not wipe the failures: it would let an attacker with an account of their
+# own reset their address's count between guesses at someone else's.
+AXES_RESET_ON_SUCCESS = False
+AXES_LOCKOUT_CALLABLE = "assistant.logins.lockout_response"  # the 429 page, with Retry-After
+AXES_CLIENT_IP_CALLABLE = "assistant.logins.client_ip"  # X-Forwarded-For only from a trusted proxy
+# Failures are what throttle; a row per successful login would grow without end.
+AXES_DISABLE_ACCESS_LOG = True
+# The axes backend refuses a locked-out login before any password is checked; it is first,
+# and has get_user (it is a ModelBackend) for sessions that name the first backend.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesBackend", "django.contrib.auth.backends.ModelBackend"]
+# --- end of issue 18's rate limits ------------------------------------------------------------
 
 # Background work: django-q2 always on its ORM broker (DESIGN.md §4: at-least-once
 # delivery; the engine's leases and idempotency keys make a second delivery harmless).
@@ -289,5 +336,7 @@ LOGGING = {
         "django-q": {"level": env_str("Q_LOG_LEVEL", "WARNING")},
         # httpx logs every model request at INFO: a line per call is noise and CPU.
         "httpx": {"level": env_str("HTTPX_LOG_LEVEL", "WARNING")},
+        # django-axes logs every successful login at INFO; failures and lockouts are warnings.
+        "axes": {"level": env_str("AXES_LOG_LEVEL", "WARNING")},
     },
 }

@@ -6,6 +6,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils.html import escape
 from django.views.decorators.http import require_GET, require_POST
 
@@ -13,6 +14,7 @@ from assistant.decorators import audited_conversation, owned_conversation
 from assistant.forms import EgressAllowForm, SkillRuleForm
 from assistant.live import panel_context, replay_floor
 from assistant.preferences import InvalidTimeZone, preferences_time_zone_set, time_zone_names, user_time_zone
+from assistant.ratelimits import CONVERSATION, MESSAGE, RateLimited, rate_limited
 from orchestration import audit
 from orchestration import selectors, services
 from orchestration.approvals import approval_answer
@@ -50,8 +52,34 @@ def time_zone_set(request):
 @require_POST
 @login_required
 def conversation_create(request):
-    conversation = services.conversation_create(owner=request.user)
+    try:
+        with rate_limited(user=request.user, action=CONVERSATION):
+            conversation = services.conversation_create(owner=request.user)
+    except RateLimited as exc:
+        return _too_many(request, exc)
     return redirect(conversation)
+
+
+def _too_many(request, refusal: RateLimited, conversation=None, text: str = ""):
+    """429 with Retry-After: htmx gets the message in the composer's error slot (as a
+    409 is), a plain form the site's page, with the unsent message to send again."""
+    if request.htmx:
+        response = _composer_error(refusal, status=429)
+    else:
+        context = {"message": str(refusal)}
+        if conversation is not None:
+            context.update(back_url=conversation.get_absolute_url(), back_words="Back to the conversation",
+                           resend_url=reverse("message_send", args=[conversation.pk]), text=text)
+        response = render(request, "429.html", context, status=429)
+    response["Retry-After"] = str(refusal.retry_after)
+    return response
+
+
+def _composer_error(error, *, status: int) -> HttpResponse:
+    response = HttpResponse(f'<p class="notice error" id="composer-error">{escape(str(error))}</p>', status=status)
+    response["HX-Retarget"] = "#composer-error-slot"
+    response["HX-Reswap"] = "innerHTML"
+    return response
 
 
 @require_GET
@@ -77,10 +105,7 @@ def _after_change(request, conversation, error: str = ""):
     if request.htmx:
         if not error:
             return HttpResponse(status=204)
-        response = HttpResponse(f'<p class="notice error" id="composer-error">{escape(error)}</p>', status=409)
-        response["HX-Retarget"] = "#composer-error-slot"
-        response["HX-Reswap"] = "innerHTML"
-        return response
+        return _composer_error(error, status=409)
     if error:
         messages.error(request, error)
     return redirect(conversation)
@@ -89,8 +114,12 @@ def _after_change(request, conversation, error: str = ""):
 @require_POST
 @owned_conversation
 def message_send(request, conversation):
+    text = request.POST.get("text", "")
     try:
-        turn_start(conversation=conversation, text=request.POST.get("text", ""))
+        with rate_limited(user=request.user, action=MESSAGE):
+            turn_start(conversation=conversation, text=text)
+    except RateLimited as exc:
+        return _too_many(request, exc, conversation, text)
     except TurnRefused as exc:
         return _after_change(request, conversation, str(exc))
     return _after_change(request, conversation)

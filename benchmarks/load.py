@@ -151,6 +151,9 @@ def server_env(config: LoadConfig, llm_url: str) -> dict[str, str]:
         "ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": llm_url, "OPENAI_API_KEY": "load",
         "ASSISTANT_LLM_MAX_RETRIES": "0", "ASSISTANT_LLM_TIMEOUT_SECONDS": "120",
         "DJANGO_ALLOW_ASYNC_UNSAFE": "",
+        # It measures throughput, not the per-user rate limits (assistant/ratelimits.py),
+        # which a virtual user at its pace reaches within minutes.
+        "RATE_CONVERSATIONS_PER_HOUR": "1000000", "RATE_MESSAGES_PER_HOUR": "1000000",
     }
     if not config.debug:
         env.update(production_env())

@@ -110,3 +110,79 @@ def test_workers_keep_their_connection_and_web_processes_borrow_from_a_pool():
     assert web["CONN_HEALTH_CHECKS"] and worker["CONN_HEALTH_CHECKS"]
     embedded = database_settings(["daphne"], "sqlite:////tmp/x.sqlite3")
     assert "pool" not in embedded["OPTIONS"]  # SQLite: opening the file is cheap
+
+
+def settings_values(env: dict, names: list[str]) -> dict:
+    """`names` as assistant/settings.py sets them under `env` (None where it leaves one unset)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items()
+             if k not in {"DEBUG", "SECRET_KEY", "TRUSTED_PROXY", "SECURE_HSTS_SECONDS", "SECURE_HSTS_PRELOAD"}}
+    code = ("import json; import assistant.settings as s; "
+            f"print(json.dumps({{n: getattr(s, n, None) for n in {names!r}}}, default=str))")
+    result = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+PRODUCTION = {"DEBUG": "0", "SECRET_KEY": "s3cret-value"}
+HSTS = ["SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD", "SECURE_PROXY_SSL_HEADER"]
+
+
+def test_production_sends_hsts_for_a_year_and_trusts_no_proxy_unless_told():
+    assert settings_values(PRODUCTION, HSTS) == {
+        "SECURE_HSTS_SECONDS": 31_536_000, "SECURE_HSTS_INCLUDE_SUBDOMAINS": True,
+        "SECURE_HSTS_PRELOAD": False, "SECURE_PROXY_SSL_HEADER": None}
+    behind_proxy = settings_values({**PRODUCTION, "TRUSTED_PROXY": "1", "SECURE_HSTS_PRELOAD": "1"}, HSTS)
+    assert behind_proxy["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
+    assert behind_proxy["SECURE_HSTS_PRELOAD"] is True
+
+
+def test_development_sends_no_hsts():
+    """HSTS on localhost would pin every other local project to HTTPS for a year."""
+    assert settings_values({}, ["SECURE_HSTS_SECONDS", "SECURE_PROXY_SSL_HEADER"]) == {
+        "SECURE_HSTS_SECONDS": None, "SECURE_PROXY_SSL_HEADER": None}
+
+
+def test_rate_limits_and_the_login_throttle_come_from_the_environment():
+    values = settings_values({"RATE_CONVERSATIONS_PER_HOUR": "7", "RATE_MESSAGES_PER_HOUR": "9",
+                              "LOGIN_FAILURE_LIMIT": "3", "LOGIN_COOLOFF_SECONDS": "60", "LOGIN_THROTTLE": "0"},
+                             ["ASSISTANT_RATE_LIMITS", "AXES_FAILURE_LIMIT", "AXES_COOLOFF_TIME", "AXES_ENABLED"])
+    assert values == {"ASSISTANT_RATE_LIMITS": {"conversation": 7, "message": 9}, "AXES_FAILURE_LIMIT": 3,
+                      "AXES_COOLOFF_TIME": "0:01:00", "AXES_ENABLED": False}
+    assert settings_values({}, ["AXES_ENABLED"]) == {"AXES_ENABLED": True}
+    for name, value in [("RATE_MESSAGES_PER_HOUR", "lots"), ("RATE_CONVERSATIONS_PER_HOUR", "0"),
+                        ("LOGIN_FAILURE_LIMIT", "0")]:
+        result = run_settings({name: value})
+        assert result.returncode != 0 and name in result.stderr
+
+
+@pytest.mark.parametrize("password, why", [
+    ("4815162342108", "entirely numeric"),
+    ("password1234", "too common"),
+    ("short", "too short"),
+])
+def test_weak_passwords_are_refused(db, password, why):
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match=why):
+        validate_password(password)
+
+
+def test_production_settings_pass_the_deploy_checks():
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY", "SECURE_HSTS_SECONDS"}}
+    env.update(DEBUG="0", SECRET_KEY="x" * 60 + "-not-a-real-key-9f8e7d6c", ALLOWED_HOSTS="assistant.example.com")
+    result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+                            cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -66,9 +66,11 @@ document.addEventListener("htmx:afterSettle", function () {
 });
 
 // A sent message is done with: the reply is an empty 204 (the socket brings the panels),
-// so nothing else clears the box, and the push below must not carry the text over.
+// so nothing else clears the box, and the push below must not carry the text over. A
+// refusal (409 still running, 429 too many) counts as "successful" to htmx, which swaps
+// its message in: the text stays, to send later.
 document.addEventListener("htmx:afterRequest", function (evt) {
-  if (!evt.detail.successful || !evt.detail.elt.matches || !evt.detail.elt.matches("form.composer")) return;
+  if (evt.detail.xhr.status !== 204 || !evt.detail.elt.matches || !evt.detail.elt.matches("form.composer")) return;
   var box = document.querySelector("#composer textarea");
   if (box) box.value = "";
 });
