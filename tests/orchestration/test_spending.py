@@ -5,12 +5,14 @@ Tasks run inline against the scripted server (the real openai SDK over HTTP)."""
 
 from __future__ import annotations
 
+import threading
 import zoneinfo
 from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -18,7 +20,8 @@ from assistant.preferences import preferences_time_zone_set
 from benchmarks.llm_server import Agent, Plan, Reply, calls, text
 from orchestration.models import LLMCall, SpendAllowance, SpendCounter, TurnPause
 from orchestration.pauses import CONTINUES_SPENT, pause_question, turn_continue
-from orchestration.spending import CAP_GRANT, periods_of, spend_use
+from orchestration.limits import LimitTripped
+from orchestration.spending import CAP_GRANT, call_estimate, periods_of, spend_reserve, spend_use
 from orchestration.turns import TurnRefused, turn_stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -288,3 +291,31 @@ def test_period_rows_follow_the_users_zone(alice):
     assert day.renews_at - timedelta(days=1) <= now + timedelta(hours=14) and month.starts_on.day == 1
     assert spend_use(alice, periods=(day, month))[0].tokens == 0
     assert Decimal(0) == spend_use(alice)[1].cost_usd
+
+
+def test_racing_reservations_take_exactly_what_fits(alice, spend):
+    """Ten threads, each its own database connection, reserve at once from an allowance
+    that holds five calls: five get it, five trip, the row holds exactly five."""
+    messages = [{"role": "user", "content": "x" * 3000}]
+    estimate, _ = call_estimate(model="unpriced", messages=messages, tools=[])
+    spend(tokens_per_day=5 * estimate)
+    start = threading.Barrier(10)
+    outcomes: list[str] = []
+
+    def reserve():
+        try:
+            start.wait()
+            spend_reserve(user=alice, model="unpriced", messages=messages, tools=[])
+            outcomes.append("reserved")
+        except LimitTripped as trip:
+            outcomes.append(trip.limit)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=reserve) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["reserved"] * 5 + ["spend_cap"] * 5
+    assert today_counter(alice).tokens == 5 * estimate
