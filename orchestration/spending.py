@@ -4,10 +4,10 @@ Every model call, the orchestrator's and every sub-agent's, reserves its estimat
 the user's allowance *before* it is made, and settles to what the provider reported
 after (or gives the estimate back when the call failed). The allowance is counted in
 rows per user and period (SpendCounter: a day or a calendar month of the user's time
-zone), and a reservation is one conditional UPDATE per period (`WHERE tokens <= cap -
-estimate`), which the database applies one row lock at a time: N agents racing on as
-many workers for the last of a cap cannot all take it. The day's row is always taken
-before the month's, so two reservations never wait on each other in opposite orders.
+zone), and a reservation is one conditional UPDATE of the day's and the month's rows
+(`WHERE tokens <= cap - estimate` for each), which the database applies one row lock at a time: N agents racing on as
+many workers for the last of a cap cannot all take it. Both rows are taken in one
+statement, in one transaction: a call is counted in both periods or in neither.
 
 The estimate is the prompt's characters / SPEND_CHARS_PER_TOKEN (generous: English runs
 about four characters a token) plus SPEND_COMPLETION_RESERVE_TOKENS for the answer, and
@@ -30,8 +30,8 @@ from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db import transaction
+from django.db.models import F, Q
 from django.utils import formats, timezone
 
 from assistant.preferences import user_time_zone
@@ -62,6 +62,11 @@ def agent_call_reserve(*, turn_id: int, limits: Limits) -> None:
         "turn_max_llm_calls", f"The agents made {used} model calls on this turn (limit {limit}).",
         detail={"limit": limit, "used": used},
     )
+
+
+def agent_call_release(*, turn_id: int) -> None:
+    """Give back a counted call that was not made (the allowance refused it)."""
+    Turn.objects.filter(pk=turn_id, agent_llm_calls__gt=0).update(agent_llm_calls=F("agent_llm_calls") - 1)
 
 
 # --- the user's allowance --------------------------------------------------------------------
@@ -140,42 +145,58 @@ class Reservation:
     cost_usd: Decimal
 
 
-def spend_reserve(*, user, model: str, messages: list[dict], tools: list[dict]) -> Reservation:
-    """Reserve a model call's estimate from the user's allowance, or trip SPEND_CAP."""
+def spend_reserve(*, user, model: str, messages: list[dict], tools: list[dict], caps: Caps | None = None
+                  ) -> Reservation:
+    """Reserve a model call's estimate from the user's allowance, or trip SPEND_CAP.
+    `caps`: the user's allowance as the caller read it (an agent, once per delivery)."""
     tokens, cost = call_estimate(model=model, messages=messages, tools=tools)
-    caps = caps_for(user)
+    caps = caps or caps_for(user)
     periods = periods_of(user)
-    with transaction.atomic():
-        for period in periods:  # day, then month: always in this order
-            if not _take(user, period, caps, tokens, cost):
-                raise _trip(user, periods, caps, tokens, cost)
+    if not _take(user, periods, caps, tokens, cost):
+        raise _trip(user, periods, caps, tokens, cost)
     return Reservation(user_id=user.pk, starts=tuple((p.name, p.starts_on) for p in periods),
                        tokens=tokens, cost_usd=cost)
 
 
-def _take(user, period: Period, caps: Caps, tokens: int, cost: Decimal) -> bool:
-    rows = SpendCounter.objects.filter(user_id=user.pk, period=period.name, starts_on=period.starts_on)
-    room = rows
-    if caps.tokens(period.name):
-        room = room.filter(tokens__lte=caps.tokens(period.name) - tokens)
-    if caps.usd(period.name):
-        room = room.filter(cost_usd__lte=caps.usd(period.name) - cost)
-    change = {"tokens": F("tokens") + tokens, "cost_usd": F("cost_usd") + cost, "updated_at": timezone.now()}
-    if room.update(**change):
-        return True
-    if rows.exists():
-        return False
-    try:  # the period's first call
+def _take(user, periods: tuple[Period, ...], caps: Caps, tokens: int, cost: Decimal) -> bool:
+    """One UPDATE of the day's and the month's rows, each under its own cap; both or
+    neither (a transaction), and the rows made on a period's first call."""
+    room = Q()
+    for period in periods:
+        fits = Q(period=period.name, starts_on=period.starts_on)
+        if caps.tokens(period.name):
+            fits &= Q(tokens__lte=caps.tokens(period.name) - tokens)
+        if caps.usd(period.name):
+            fits &= Q(cost_usd__lte=caps.usd(period.name) - cost)
+        room |= fits
+    for first_try in (True, False):
         with transaction.atomic():
-            SpendCounter.objects.create(user_id=user.pk, period=period.name, starts_on=period.starts_on)
-    except IntegrityError:
-        pass  # a concurrent first call made it
-    return bool(room.update(**change))
+            taken = SpendCounter.objects.filter(room, user_id=user.pk).update(
+                tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
+            if taken == len(periods):
+                return True
+            transaction.set_rollback(True)  # one period had room, another not: neither counts
+        if not first_try or _rows(user.pk, _starts(periods)).count() == len(periods):
+            return False
+        for period in periods:  # the period's first call: make its row, then try again
+            SpendCounter.objects.get_or_create(user_id=user.pk, period=period.name, starts_on=period.starts_on)
+    return False
+
+
+def _starts(periods) -> tuple[tuple[str, date], ...]:
+    return tuple((p.name, p.starts_on) for p in periods)
+
+
+def _rows(user_id: int, starts: tuple[tuple[str, date], ...]):
+    which = Q()
+    for name, starts_on in starts:
+        which |= Q(period=name, starts_on=starts_on)
+    return SpendCounter.objects.filter(which, user_id=user_id)
 
 
 def spend_settle(*, reservation: Reservation | None, usage: Usage, cost: Decimal | None) -> None:
-    """Replace the call's estimate by what it used (its own transaction, before the
-    response is stored: a call that happened counts even if storing it fails)."""
+    """Replace the call's estimate by what it used (before the response is stored, on
+    its own: a call that happened counts even if storing it fails)."""
     if reservation is not None:
         _adjust(reservation, usage.prompt_tokens + usage.completion_tokens - reservation.tokens,
                 (cost or Decimal(0)) - reservation.cost_usd)
@@ -187,13 +208,10 @@ def spend_release(*, reservation: Reservation | None) -> None:
         _adjust(reservation, -reservation.tokens, -reservation.cost_usd)
 
 
-def _adjust(reservation: Reservation | None, tokens: int, cost: Decimal) -> None:
-    if reservation is None or (not tokens and not cost):
-        return
-    with transaction.atomic():
-        for name, starts_on in reservation.starts:
-            SpendCounter.objects.filter(user_id=reservation.user_id, period=name, starts_on=starts_on).update(
-                tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
+def _adjust(reservation: Reservation, tokens: int, cost: Decimal) -> None:
+    if tokens or cost:
+        _rows(reservation.user_id, reservation.starts).update(
+            tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
 
 
 @dataclass(frozen=True)

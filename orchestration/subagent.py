@@ -40,7 +40,9 @@ from orchestration.pricing import call_cost
 from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
-from orchestration.spending import Reservation, agent_call_reserve, spend_release, spend_reserve, spend_settle
+from orchestration.spending import (
+    Caps, Reservation, agent_call_release, agent_call_reserve, caps_for, spend_release, spend_reserve, spend_settle,
+)
 from orchestration import runner
 from orchestration.tasks import enqueue_subagent
 from orchestration.toolcalls import error_json, load_json
@@ -235,6 +237,7 @@ class _Agent:
     stored: dict[str, dict]
     usage: Usage = Usage()  # of every response so far, stored ones included
     reservation: Reservation | None = None  # of the model call being made (orchestration/spending.py)
+    caps: Caps | None = None  # the owner's allowance, as this delivery read it
     llm_calls: int = 0
     used: int = 0
     idle: int = 0
@@ -299,12 +302,17 @@ class _Agent:
                 return Finish(DispatchOutcome.TIMEOUT, _partial(self.last_text, self.messages),
                               f"wall-clock limit of {limits.agent_timeout_seconds:.0f}s reached")
         # The call is counted before it is made, against the turn's cap on agents' model
-        # calls and the owner's allowance, in one transaction: a call the allowance
-        # refuses takes nothing from the turn's count. Either trips a pause (LimitTripped).
-        with transaction.atomic():
-            agent_call_reserve(turn_id=dispatch.turn_id, limits=limits)
+        # calls and the owner's allowance; either trips a pause (LimitTripped). A call
+        # the allowance refuses is given back to the turn's count.
+        agent_call_reserve(turn_id=dispatch.turn_id, limits=limits)
+        if self.caps is None:
+            self.caps = caps_for(self.user)  # read once a delivery; a Continue starts another
+        try:
             self.reservation = spend_reserve(user=self.user, model=self.model, messages=self.messages,
-                                             tools=self.tools)
+                                             tools=self.tools, caps=self.caps)
+        except LimitTripped:
+            agent_call_release(turn_id=dispatch.turn_id)
+            raise
         return None
 
     @property
