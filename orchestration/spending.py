@@ -5,16 +5,15 @@ the user's allowance *before* it is made, and settles to what the provider repor
 after (or gives the estimate back when the call failed). The allowance is counted in
 rows per user and period (SpendCounter: a day or a calendar month of the user's time
 zone), and a reservation is one conditional UPDATE of the day's and the month's rows
-(`WHERE tokens <= cap - estimate` for each), which the database applies one row lock at a time: N agents racing on as
-many workers for the last of a cap cannot all take it. Both rows are taken in one
-statement, in one transaction: a call is counted in both periods or in neither.
+(`WHERE tokens <= cap - estimate` for each), which the database applies one row lock
+at a time: N agents racing on as many workers for the last of a cap cannot all take
+it. A call is counted in both periods or in neither (one statement, one transaction).
 
 The estimate is the prompt's characters / SPEND_CHARS_PER_TOKEN (generous: English runs
 about four characters a token) plus SPEND_COMPLETION_RESERVE_TOKENS for the answer, and
 its price where the model has one. A call can overshoot the cap only by what it used
 beyond its own estimate (settling always counts the real use). A worker that dies in a
-call keeps its reservation counted: the error is on the user's side of the cap, not the
-provider bill's.
+call leaves its reservation counted: an error that errs toward the cap, never past it.
 
 A call the allowance cannot cover pauses the turn through the continue? machinery
 (LimitTripped with SPEND_CAP) with words that say what is left and when it renews;
