@@ -72,6 +72,7 @@ def budget_left(turn: Turn) -> dict:
         "agents": max(0, limits.turn_max_agents - turn.agents_dispatched),
         "skill_calls": max(0, limits.turn_max_skill_calls - turn.skill_calls),
         "llm_iterations": max(0, limits.turn_max_llm_iterations - turn.llm_iterations),
+        "agent_llm_calls": max(0, limits.turn_max_llm_calls - turn.agent_llm_calls),
     }
 
 

@@ -235,7 +235,7 @@ class TestTurnCapOnAgentCalls:
         assert turn.status == "paused"
         assert turn.agent_llm_calls == 5 and agent_requests(useless) == 5
         pause = TurnPause.objects.get(turn=turn)
-        assert pause.limit == "turn_max_llm_calls"
+        assert pause.limit == "turn_max_llm_calls" and pause.detail["budget_left"]["agent_llm_calls"] == 0
         assert pause.words.reached == "The agents have made 5 model calls on this turn, the most one turn may make."
         assert pause.words.grant == "Continue allows 5 more model calls for this turn."
 
