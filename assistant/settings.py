@@ -289,6 +289,25 @@ ASSISTANT_LIMITS = {
     "conversation_max_skill_calls": env_int("LIMIT_CONVERSATION_MAX_SKILL_CALLS", 50, minimum=1),
     "conversation_window_seconds": env_int("LIMIT_CONVERSATION_WINDOW_SECONDS", 300, minimum=1),
     "max_delegation_depth": env_int("LIMIT_MAX_DELEGATION_DEPTH", 2),
+    # Spend caps (issue 18): the sub-agents' model calls per turn, and the Continues one
+    # turn may have (past them only Stop is left).
+    "turn_max_llm_calls": env_int("LIMIT_TURN_MAX_LLM_CALLS", 200, minimum=1),
+    "turn_max_continues": env_int("LIMIT_TURN_MAX_CONTINUES", 5),
+}
+
+# Spend caps (issue 18; orchestration/spending.py). Each user's allowance of model use per
+# day and per calendar month of their time zone, in tokens (prompt + completion) and in US
+# dollars for models with a price (ASSISTANT_MODEL_PRICES). 0 means no cap. These are the
+# site defaults; staff set a user's own in the admin ("Users' spending"). Every model call
+# reserves its estimate first (its prompt's characters / SPEND_CHARS_PER_TOKEN plus
+# SPEND_COMPLETION_RESERVE_TOKENS) and settles to what the provider reports after.
+ASSISTANT_SPEND = {
+    "tokens_per_day": env_int("SPEND_TOKENS_PER_DAY", 0),
+    "tokens_per_month": env_int("SPEND_TOKENS_PER_MONTH", 0),
+    "usd_per_day": env_float("SPEND_USD_PER_DAY", 0.0),
+    "usd_per_month": env_float("SPEND_USD_PER_MONTH", 0.0),
+    "completion_reserve_tokens": env_int("SPEND_COMPLETION_RESERVE_TOKENS", 1000),
+    "chars_per_token": env_int("SPEND_CHARS_PER_TOKEN", 3, minimum=1),
 }
 
 # Engine durability (DESIGN.md §4).

@@ -13,7 +13,7 @@ from django.contrib import admin
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join
 
 from orchestration.models import (
@@ -25,11 +25,14 @@ from orchestration.models import (
     LLMCall,
     Message,
     SkillExecution,
+    SpendAllowance,
     Turn,
     TurnPause,
+    UserSpend,
 )
 from orchestration.approvals import clearance_words
 from orchestration.pricing import format_usd
+from orchestration.spending import spend_use
 from orchestration.usage import turn_spend
 
 
@@ -472,3 +475,59 @@ class AgentProfileAdmin(admin.ModelAdmin):
     list_filter = ["read_only", "may_delegate"]
     search_fields = ["name", "description"]
     readonly_fields = ["version", "updated_at"]
+
+
+class StaffCanEditMixin(StaffCanViewMixin):
+    """Allowances are staff's to set, without a separate grant."""
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    def has_add_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+
+class SpendAllowanceInline(StaffCanEditMixin, admin.StackedInline):
+    model = SpendAllowance
+    can_delete = False
+    max_num = 1
+    verbose_name = "own allowance (blank fields take the site default; 0 means no cap)"
+    fields = ["tokens_per_day", "tokens_per_month", "usd_per_day", "usd_per_month"]
+
+
+@admin.register(UserSpend)
+class UserSpendAdmin(StaffCanEditMixin, admin.ModelAdmin):
+    """Each user's model use today and this month (in their time zone) against their
+    allowance; staff set a user's own allowance here (orchestration/spending.py). The
+    figures include the estimates of calls in flight."""
+
+    list_display = ["username", "today", "this_month"]
+    search_fields = ["username", "email"]
+    fields = ["username", "today", "this_month"]
+    readonly_fields = fields
+    inlines = [SpendAllowanceInline]
+
+    def has_add_permission(self, request, obj=None):
+        return False  # users are made in the users' admin
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("preferences")
+
+    def _use(self, obj, index: int) -> str:
+        cache = getattr(obj, "_spend_use", None)
+        if cache is None:
+            cache = obj._spend_use = spend_use(obj)
+        use = cache[index]
+        renews = formats.date_format(use.period.renews_at, "D j M, H:i")
+        return f"{use.text()} (renews {renews}, {use.period.time_zone})"
+
+    @admin.display(description="today")
+    def today(self, obj):
+        return self._use(obj, 0)
+
+    @admin.display(description="this month")
+    def this_month(self, obj):
+        return self._use(obj, 1)

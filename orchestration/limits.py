@@ -40,6 +40,11 @@ class Limits:
     """Per conversation: the sliding window's length."""
     max_delegation_depth: int
     """Nesting: how deep sub-agents may dispatch their own sub-agents."""
+    turn_max_llm_calls: int
+    """Per turn: the sub-agents' model calls (nested agents' too), so a model that never
+    reports cannot spend without end; the orchestrator's are turn_max_llm_iterations."""
+    turn_max_continues: int
+    """Per turn: how many times Continue may grant a fresh budget; past it, only Stop."""
 
     @classmethod
     def from_settings(cls) -> Limits:
@@ -90,6 +95,10 @@ LIMIT_WORDS = {
         # the orchestrator's LLM calls: each plans, dispatches or answers
         one="planning step", many="planning steps", label="planning steps per turn",
         reached="The assistant has taken {used} on this turn without reaching an answer, the most one turn may take.",
+    ),
+    "turn_max_llm_calls": LimitWords(
+        one="model call", many="model calls", label="agents' model calls per turn",
+        reached="The agents have made {used} on this turn, the most one turn may make.",
     ),
     "conversation_max_skill_calls": LimitWords(
         one="tool call", many="tool calls", label="tool calls per {window} in a conversation",

@@ -8,6 +8,7 @@ append-only Event log for the timeline and the audit trail.
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import models
 from django.db.models import Q
 from django.urls import reverse
@@ -67,6 +68,7 @@ class Turn(models.Model):
     agents_dispatched = models.PositiveIntegerField(default=0)
     skill_calls = models.PositiveIntegerField(default=0)
     llm_iterations = models.PositiveIntegerField(default=0)
+    agent_llm_calls = models.PositiveIntegerField(default=0)  # sub-agents' model calls, nested ones too
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
@@ -479,3 +481,57 @@ class Event(models.Model):
 
     def delete(self, *args, **kwargs):
         raise AppendOnlyError("Events are append-only; they cannot be deleted.")
+
+
+class SpendAllowance(models.Model):
+    """A user's own spending allowance, set by staff in the admin; a blank field takes
+    the site's default (settings.ASSISTANT_SPEND), 0 means no cap for this user."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="spend_allowance")
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Prompt + completion tokens per day. Blank: the site default; 0: no cap.")
+    tokens_per_month = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Per calendar month. Blank: the site default; 0: no cap.")
+    usd_per_day = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True,
+        help_text="US dollars per day, for models with a price. Blank: the site default; 0: no cap.")
+    usd_per_month = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True,
+        help_text="Per calendar month. Blank: the site default; 0: no cap.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"allowance of {self.user}"
+
+
+class SpendCounter(models.Model):
+    """What a user's model calls used in one day or month of their time zone, reservations
+    of calls in flight included (orchestration/spending.py). A new period is a new row, so
+    nothing has to be reset at midnight and past periods stay as history."""
+
+    class Period(models.TextChoices):
+        DAY = "day"
+        MONTH = "month"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="spend_counters")
+    period = models.CharField(max_length=8, choices=Period.choices)
+    starts_on = models.DateField()
+    tokens = models.BigIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=16, decimal_places=10, default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["user_id", "-starts_on", "period"]
+        constraints = [models.UniqueConstraint(fields=["user", "period", "starts_on"], name="spend_counter_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.period} from {self.starts_on}"
+
+
+class UserSpend(User):
+    """Users as the spending page of the admin lists them (a proxy: no table)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "user's spending"
+        verbose_name_plural = "users' spending"

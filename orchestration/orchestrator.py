@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 from django.db import transaction
@@ -40,6 +40,7 @@ from orchestration.prompts import orchestrator_system_prompt, user_local_time
 from orchestration import runner
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
+from orchestration.spending import Reservation, spend_release, spend_reserve, spend_settle
 from orchestration.tasks import enqueue_orchestrator_step
 from orchestration.toolcalls import error_json, parse_arguments
 from orchestration.tooldefs import (
@@ -118,8 +119,12 @@ async def _run(turn_id: int, token: str) -> None:
         request = await db(_next_request, turn_id, token)
         if request is None:
             return
-        response, duration_ms = await _ask(request, token, provider)
-        await db(_record, request, token, response, duration_ms)
+        try:
+            response, duration_ms = await _ask(request, token, provider)
+        except Exception:
+            await db(spend_release, reservation=request.reservation)
+            raise
+        await db(_settle_and_record, request, token, response, duration_ms)
     raise RuntimeError(f"turn {turn_id}: no progress after {MAX_PASSES} passes")
 
 
@@ -133,6 +138,7 @@ class _Request:
     messages: list[dict]
     tools: list[dict]
     limits: Limits
+    reservation: Reservation | None = None  # from the owner's allowance (orchestration/spending.py)
 
 
 def _next_request(turn_id: int, token: str) -> _Request | None:
@@ -160,7 +166,10 @@ def _next_request(turn_id: int, token: str) -> _Request | None:
                 "for this turn without a final answer.",
                 detail={"limit": limits.turn_max_llm_iterations, "used": turn.llm_iterations},
             )
-        return _request_for(turn, limits)
+        request = _request_for(turn, limits)
+        # Reserved before the call is made; a call the allowance cannot cover pauses the turn.
+        return replace(request, reservation=spend_reserve(
+            user=turn.conversation.owner, model=request.model, messages=request.messages, tools=request.tools))
 
 
 def _last_seq(turn: Turn) -> int:
@@ -220,6 +229,14 @@ def _record_retry(request: _Request, token: str, retry: int, exc: LLMError, dela
         summary=f"Orchestrator call {request.iteration}: retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
         payload={"iteration": request.iteration, "retry": retry, "reason": str(exc), "backoff_seconds": delay},
     )
+
+
+def _settle_and_record(request: _Request, token: str, response: LLMResponse, duration_ms: int) -> None:
+    """The call counts at what it used (its own transaction: even if storing it fails),
+    then it is stored."""
+    spend_settle(reservation=request.reservation, usage=response.usage,
+                 cost=call_cost(response.model or request.model, response.usage))
+    _record(request, token, response, duration_ms)
 
 
 @transaction.atomic

@@ -19,6 +19,7 @@ from orchestration.events import event_record
 from orchestration.history import message_append
 from orchestration.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
+from orchestration.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
 from orchestration.tasks import enqueue_orchestrator_step
 
 APPROVAL = "approval"  # the limit of an approval's pause (orchestration/approvals.py)
@@ -40,6 +41,8 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
             "not_started": [d.agent_id for d in dispatches if d.state == DispatchState.CREATED],
             "budget_left": budget_left(turn),
             "resumes_at": trip.detail.get("resumes_at"),
+            # Continue's fresh budgets are bounded per turn (turn_max_continues).
+            "continues_left": max(0, Limits.from_json(turn.limits).turn_max_continues - turn.continuations),
         }
         try:
             with transaction.atomic():
@@ -69,6 +72,7 @@ def budget_left(turn: Turn) -> dict:
         "agents": max(0, limits.turn_max_agents - turn.agents_dispatched),
         "skill_calls": max(0, limits.turn_max_skill_calls - turn.skill_calls),
         "llm_iterations": max(0, limits.turn_max_llm_iterations - turn.llm_iterations),
+        "agent_llm_calls": max(0, limits.turn_max_llm_calls - turn.agent_llm_calls),
     }
 
 
@@ -114,18 +118,25 @@ def pause_words(limit: str, detail: dict) -> PauseWords:
     done = list(detail.get("completed", []))
     working = list(detail.get("running", []))
     waiting = [*detail.get("asked_for", []), *detail.get("not_started", [])]
+    if limit == SPEND_CAP:  # the user's allowance: Continue grants nothing past it
+        return PauseWords(label=cap_label(detail), reached=cap_reached_words(detail), done=done, working=working,
+                          waiting=waiting, grant=CAP_GRANT, frees_at="")
     if words is None:  # a question this module has no words for: say what is stored
         return PauseWords(label=limit.replace("_", " "), reached=detail.get("message", ""), done=done,
                           working=working, waiting=waiting, grant="", frees_at=frees_at)
     counts = {key: _count(int(detail.get(key, 0) or 0), words) for key in ("limit", "used", "requested")}
     more = continue_grant(limit, detail)
+    grant = f"Continue allows {more} more {words.one if more == 1 else words.many} for this turn."
+    if detail.get("continues_left") == 0:
+        grant = CONTINUES_SPENT
     return PauseWords(
         label=words.label.format(window=window),
         reached=words.reached.format(**counts, window=window),
-        done=done, working=working, waiting=waiting,
-        grant=f"Continue allows {more} more {words.one if more == 1 else words.many} for this turn.",
-        frees_at=frees_at,
+        done=done, working=working, waiting=waiting, grant=grant, frees_at=frees_at,
     )
+
+
+CONTINUES_SPENT = "This turn has been continued as many times as one turn may be: Continue is not possible."
 
 
 def pause_question(limit: str, detail: dict) -> str:
@@ -163,6 +174,17 @@ def turn_continue(*, turn: Turn, user) -> Turn:
             raise AlreadyAnswered("This turn was already resumed or stopped.")
         if pause.limit == APPROVAL:
             raise AlreadyAnswered("This question is answered with Approve or Deny.")
+        if pause.limit == SPEND_CAP:
+            # Nothing to grant: the turn goes on once the allowance covers its next call.
+            if problem := spend_blocked(user=turn.conversation.owner, detail=pause.detail):
+                raise TurnRefused(problem)
+            return turn_resume(turn=turn, pause=pause, user=user)
+        allowed = Limits.from_json(turn.limits).turn_max_continues
+        if turn.continuations >= allowed:
+            raise TurnRefused(
+                f"This turn has been continued {turn.continuations} time{'s' if turn.continuations != 1 else ''}, "
+                f"the most one turn may be ({allowed}). Stop ends it with what is done; a new message starts "
+                "a fresh turn.")
         limits = Limits.from_json(turn.limits).to_json()
         if pause.limit in limits:
             # A fresh budget of the tripped kind: what was used so far plus the grant.
@@ -181,7 +203,9 @@ def turn_resume(*, turn: Turn, pause: TurnPause, user, limits: dict | None = Non
         limits = limits if limits is not None else turn.limits
         Turn.objects.filter(pk=turn.pk).update(
             status=TurnStatus.RUNNING, limits=limits,
-            continuations=F("continuations") + (0 if pause.limit == APPROVAL else 1),
+            # Only a fresh budget counts toward turn_max_continues (an approval or a
+            # renewed allowance grants none).
+            continuations=F("continuations") + (0 if pause.limit in (APPROVAL, SPEND_CAP) else 1),
         )
         # The owner's time to decide is not the agents': their wall clocks move on by it.
         turn.dispatches.filter(state__in=lifecycle.OPEN_STATES, deadline_at__isnull=False).update(

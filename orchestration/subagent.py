@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -39,6 +40,9 @@ from orchestration.pricing import call_cost
 from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
+from orchestration.spending import (
+    Caps, Reservation, agent_call_release, agent_call_reserve, caps_for, spend_release, spend_reserve, spend_settle,
+)
 from orchestration import runner
 from orchestration.tasks import enqueue_subagent
 from orchestration.toolcalls import error_json, load_json
@@ -187,7 +191,11 @@ async def _loop(agent: _Agent) -> Finish:
             stop = await db(agent.before_call)
             if stop is not None:
                 return stop
-            response, duration_ms = await _ask(agent, step)
+            try:
+                response, duration_ms = await _ask(agent, step)
+            except Exception:
+                await db(spend_release, reservation=agent.reservation)
+                raise
             finish = await db(agent.store_and_act, step, response, duration_ms)
         else:
             await db(agent.heartbeat)
@@ -228,6 +236,8 @@ class _Agent:
     messages: list[dict]
     stored: dict[str, dict]
     usage: Usage = Usage()  # of every response so far, stored ones included
+    reservation: Reservation | None = None  # of the model call being made (orchestration/spending.py)
+    caps: Caps | None = None  # the owner's allowance, as this delivery read it
     llm_calls: int = 0
     used: int = 0
     idle: int = 0
@@ -291,7 +301,23 @@ class _Agent:
             if timezone.now() >= dispatch.deadline_at:
                 return Finish(DispatchOutcome.TIMEOUT, _partial(self.last_text, self.messages),
                               f"wall-clock limit of {limits.agent_timeout_seconds:.0f}s reached")
+        # The call is counted before it is made, against the turn's cap on agents' model
+        # calls and the owner's allowance; either trips a pause (LimitTripped). A call
+        # the allowance refuses is given back to the turn's count.
+        agent_call_reserve(turn_id=dispatch.turn_id, limits=limits)
+        if self.caps is None:
+            self.caps = caps_for(self.user)  # read once a delivery; a Continue starts another
+        try:
+            self.reservation = spend_reserve(user=self.user, model=self.model, messages=self.messages,
+                                             tools=self.tools, caps=self.caps)
+        except LimitTripped:
+            agent_call_release(turn_id=dispatch.turn_id)
+            raise
         return None
+
+    @property
+    def model(self) -> str:
+        return self.dispatch.model or settings.ASSISTANT_AGENT_MODEL
 
     def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> None:
         dispatch = self.dispatch
@@ -313,12 +339,14 @@ class _Agent:
         dispatch = self.dispatch
         response = _unique_ids(response, self.messages, step)
         usage = response.usage
+        cost = call_cost(response.model or dispatch.model, usage)
+        spend_settle(reservation=self.reservation, usage=usage, cost=cost)
         try:
             LLMCall.objects.create(
                 turn_id=dispatch.turn_id, dispatch=dispatch, key=_key(dispatch, step),
                 model=response.model or dispatch.model, response=response.to_json(), duration_ms=duration_ms,
                 prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                cached_tokens=usage.cached_tokens, cost_usd=call_cost(response.model or dispatch.model, usage),
+                cached_tokens=usage.cached_tokens, cost_usd=cost,
             )
         except IntegrityError:
             raise LeaseLost(f"AgentDispatch {dispatch.pk}: step {step} stored by another worker") from None

@@ -1,0 +1,58 @@
+"""Staff see each user's model use against their allowance, and set a user's own."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from orchestration.models import SpendAllowance, SpendCounter
+from orchestration.spending import caps_for, periods_of
+
+pytestmark = pytest.mark.django_db
+
+LIST = "admin:orchestration_userspend_changelist"
+
+
+@pytest.fixture
+def alice_spent(alice, settings):
+    settings.ASSISTANT_SPEND = {**settings.ASSISTANT_SPEND, "tokens_per_day": 10_000, "tokens_per_month": 0}
+    day, month = periods_of(alice)
+    SpendCounter.objects.create(user=alice, period="day", starts_on=day.starts_on, tokens=1234)
+    SpendCounter.objects.create(user=alice, period="month", starts_on=month.starts_on, tokens=56_789)
+    return alice
+
+
+def test_staff_see_each_users_use_against_the_allowance(client, staff, alice_spent, bob):
+    client.force_login(staff)
+    page = client.get(reverse(LIST)).content.decode()
+    assert "1,234 of 10,000 tokens · $0.00" in page  # today, against the site default
+    assert "56,789 tokens · $0.00" in page  # this month: no monthly cap
+    assert "bob" in page
+
+
+def test_staff_set_a_users_own_allowance(client, staff, alice_spent):
+    client.force_login(staff)
+    url = reverse("admin:orchestration_userspend_change", args=[alice_spent.pk])
+    assert client.get(url).status_code == 200
+    form = {
+        "spend_allowance-TOTAL_FORMS": "1", "spend_allowance-INITIAL_FORMS": "0",
+        "spend_allowance-MIN_NUM_FORMS": "0", "spend_allowance-MAX_NUM_FORMS": "1",
+        "spend_allowance-0-user": str(alice_spent.pk),
+        "spend_allowance-0-tokens_per_day": "50000", "spend_allowance-0-tokens_per_month": "",
+        "spend_allowance-0-usd_per_day": "", "spend_allowance-0-usd_per_month": "2.5",
+    }
+    response = client.post(url, form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    allowance = SpendAllowance.objects.get(user=alice_spent)
+    assert allowance.tokens_per_day == 50_000 and allowance.tokens_per_month is None
+    caps = caps_for(alice_spent)
+    assert caps.tokens_per_day == 50_000 and caps.tokens_per_month == 0 and str(caps.usd_per_month) == "2.5000"
+    assert "1,234 of 50,000 tokens" in client.get(reverse(LIST)).content.decode()
+
+
+def test_others_cannot_see_or_set_allowances(client, alice_spent, bob):
+    client.force_login(bob)
+    assert client.get(reverse(LIST)).status_code == 302  # to the admin's login
+    url = reverse("admin:orchestration_userspend_change", args=[alice_spent.pk])
+    client.post(url, {"spend_allowance-0-tokens_per_day": "0"})
+    assert not SpendAllowance.objects.exists()
