@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.urls import reverse
@@ -29,6 +31,7 @@ from orchestration.models import (
     TurnPause,
 )
 from orchestration.approvals import clearance_words
+from orchestration import retention
 from orchestration.pricing import format_usd
 from orchestration.usage import turn_spend
 
@@ -303,12 +306,13 @@ class TurnAdmin(EventLinksMixin, AuditAdmin):
     search_fields = ["conversation__title", "conversation__owner__username", "messages__content"]
     date_hierarchy = "started_at"
     readonly_fields = ["usage", "events_link", "orchestrator_tool_calls", "limits_json", "awaiting_json",
-                       "outside_json", "started_at", "finished_at"]
+                       "outside_json", "started_at", "finished_at", "pruned_at", "tombstone_json"]
     inlines = [PauseInline, ApprovalInline, DispatchInline, LLMCallInline]
 
     limits_json = json_display("limits")
     awaiting_json = json_display("awaiting")
     outside_json = json_display("outside", "outside content the orchestrator read")
+    tombstone_json = json_display("tombstone", "what it held before it was pruned")
 
     @admin.display(description="tokens and cost")
     def usage(self, obj):
@@ -472,3 +476,30 @@ class AgentProfileAdmin(admin.ModelAdmin):
     list_filter = ["read_only", "may_delegate"]
     search_fields = ["name", "description"]
     readonly_fields = ["version", "updated_at"]
+
+
+class UserDeletionMixin:
+    """Deleting a user removes everything of theirs, the event log and their workspace
+    included (orchestration/retention.py `user_delete`): superusers only, and only
+    through that service, for one user or a selection."""
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def get_deleted_objects(self, objs, request):
+        return retention.deletion_preview(super().get_deleted_objects, objs, request)
+
+    def delete_model(self, request, obj):
+        retention.user_delete(user=obj)
+
+    def delete_queryset(self, request, queryset):
+        for user in queryset:
+            retention.user_delete(user=user)
+
+
+admin.site.unregister(get_user_model())
+
+
+@admin.register(get_user_model())
+class RetentionUserAdmin(UserDeletionMixin, UserAdmin):
+    pass
