@@ -487,7 +487,10 @@ class UserDeletionMixin:
         return request.user.is_active and request.user.is_superuser
 
     def get_deleted_objects(self, objs, request):
-        return retention.deletion_preview(super().get_deleted_objects, objs, request)
+        """What goes with the user, listed as Django would, less the audit models' own
+        "no delete" answer: they refuse deletion one by one, not with their owner."""
+        to_delete, model_count, _, protected = retention.deletion_preview(super().get_deleted_objects, objs, request)
+        return to_delete, model_count, set(), protected
 
     def delete_model(self, request, obj):
         retention.user_delete(user=obj)
