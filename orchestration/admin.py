@@ -1,7 +1,8 @@
 """The audit trail for staff: conversation → turns → dispatches → skill executions.
 
 Every record here is read-only for everyone, superusers included: an audit anyone can
-edit proves nothing. Rows leave only through the code that owns them (events never do).
+edit proves nothing. Rows leave only through the code that owns them (events only through
+orchestration/retention.py: pruning, an owner deleting a conversation, a superuser deleting a user).
 Agent profiles are configuration, not audit, and stay editable.
 """
 

@@ -15,6 +15,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.db.models import ProtectedError
+from django.urls import reverse
 from django.utils import timezone
 
 from orchestration.audit import conversation_audit
@@ -112,6 +113,16 @@ def test_prune_removes_an_old_turns_transcript_and_leaves_a_tombstone(run_turn, 
     # Inside the window, and active whatever its age: untouched.
     assert contents(recent) == before[recent.pk] and contents(paused) == before[paused.pk]
     assert Turn.objects.filter(pruned_at__isnull=False).count() == 1
+
+
+def test_the_pages_of_a_pruned_conversation_still_work(old_turn, alice, client):
+    prune()
+    client.force_login(alice)
+    audit = client.get(reverse("conversation_audit", args=[old_turn.conversation_id]))
+    assert audit.status_code == 200
+    assert "Pruned past the retention window" in audit.content.decode()
+    page = client.get(old_turn.conversation.get_absolute_url())
+    assert page.status_code == 200 and "No messages yet" in page.content.decode()
 
 
 def test_a_second_run_does_nothing(old_turn):
