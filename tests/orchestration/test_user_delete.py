@@ -10,7 +10,6 @@ search and JSON columns are its own)."""
 from __future__ import annotations
 
 import pytest
-from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.urls import reverse
@@ -19,6 +18,7 @@ from assistant.preferences import preferences_time_zone_set
 from orchestration.models import AgentDispatch, Conversation, Event, SkillApproval, Turn, TurnPause
 from skills.domains.files.workspace import workspace_root
 from skills.models import EgressAllow, Memory, SkillRule, Task
+from tests.checks import references
 from tests.conftest import make_user
 from tests.factories import conversation_for, dispatch_for, turn_for
 
@@ -30,6 +30,17 @@ EXAMPLE = "find my overdue tasks, email them to bob@example.com and book a revie
 @pytest.fixture(autouse=True)
 def workspaces(settings, tmp_path):
     settings.SKILLS_WORKSPACE_ROOT = tmp_path / "workspaces"
+
+
+def user_rows(user) -> dict:
+    """The user and the rows of theirs other rows may point at, by model."""
+    return {
+        get_user_model(): {user.pk},
+        Conversation: set(Conversation.objects.filter(owner=user).values_list("pk", flat=True)),
+        Turn: set(Turn.objects.filter(conversation__owner=user).values_list("pk", flat=True)),
+        AgentDispatch: set(AgentDispatch.objects.filter(turn__conversation__owner=user).values_list("pk", flat=True)),
+        SkillRule: set(SkillRule.objects.filter(owner=user).values_list("pk", flat=True)),
+    }
 
 
 def everything_of(run_turn, user) -> dict:
@@ -49,26 +60,7 @@ def everything_of(run_turn, user) -> dict:
     EgressAllow.objects.create(owner=user, entry="example.com")
     preferences_time_zone_set(user=user, time_zone="Europe/Paris")
     (workspace_root(user) / "notes.txt").write_text("private notes")
-    return {
-        get_user_model(): {user.pk},
-        Conversation: set(Conversation.objects.filter(owner=user).values_list("pk", flat=True)),
-        Turn: set(Turn.objects.filter(conversation__owner=user).values_list("pk", flat=True)),
-        AgentDispatch: set(AgentDispatch.objects.filter(turn__conversation__owner=user).values_list("pk", flat=True)),
-        SkillRule: {rule.pk},
-    }
-
-
-def references(targets: dict) -> dict[str, int]:
-    """Rows of any installed model (auto-created ones too: m2m tables) whose foreign key
-    points at one of `targets`' rows, counted per model and field."""
-    found = {}
-    for model in apps.get_models(include_auto_created=True):
-        for field in model._meta.concrete_fields:
-            if field.is_relation and field.related_model in targets and targets[field.related_model]:
-                count = model._base_manager.filter(**{f"{field.attname}__in": targets[field.related_model]}).count()
-                if count:
-                    found[f"{model._meta.label}.{field.name}"] = count
-    return found
+    return user_rows(user)
 
 
 def test_a_superuser_deletes_a_user_and_everything_of_theirs(run_turn, alice, bob, superuser, client):
