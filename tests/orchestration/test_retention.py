@@ -232,3 +232,38 @@ class TestConversationDelete:
         with pytest.raises(DeletionRefused, match="stop it first"):
             conversation_delete(conversation=turn.conversation, user=alice)
         assert Event.objects.filter(turn=turn).exists()
+
+
+def test_prune_throughput_is_measured(alice):
+    """Many small turns, pruned in batches of 50: the time is printed (with the no-op
+    second run beside it), not asserted; each batch is one bounded transaction."""
+    import time
+
+    turns = []
+    for c in range(10):
+        conversation = conversation_for(alice, title=f"c{c}")
+        for _ in range(20):
+            turn = turn_for(conversation, status="completed")
+            dispatch = dispatch_for(turn, mission="m" * 200, transcript=[{"role": "user", "content": "x" * 500}])
+            seq = Message.objects.filter(conversation=conversation).count()
+            Message.objects.bulk_create([Message(conversation=conversation, turn=turn, seq=seq + i, role="user",
+                                                 content="y" * 300) for i in range(1, 5)])
+            SkillExecution.objects.bulk_create([SkillExecution(dispatch=dispatch, skill="tasks.search",
+                                                               tool_call_id=f"c{i}", arguments={"q": "z" * 100})
+                                                for i in range(4)])
+            Event.objects.bulk_create([Event(conversation=conversation, turn=turn, type="skill.finished", summary="s")
+                                       for _ in range(10)])
+            LLMCall.objects.bulk_create([LLMCall(turn=turn, dispatch=dispatch, key=f"k{i}", prompt_tokens=100,
+                                                 response={"content": "w" * 400}) for i in range(3)])
+            turns.append(turn)
+    Turn.objects.filter(pk__in=[t.pk for t in turns]).update(finished_at=timezone.now() - timedelta(days=100))
+    started = time.perf_counter()
+    output = prune("--batch-size", "50")
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    assert "Nothing to prune." in prune()
+    second = time.perf_counter() - started
+    assert "batch 4:" in output and "batch 5:" not in output
+    assert not Event.objects.exists() and not Message.objects.exists() and not SkillExecution.objects.exists()
+    print(f"\nprune: {len(turns)} turns (4 messages, 10 events, 4 skill calls, 3 LLM calls each) in {first:.2f} s "
+          f"({len(turns) / first:.0f} turns/s, 4 batches); the second run, with nothing to do: {second:.3f} s")
