@@ -106,9 +106,13 @@ class PruneCounts:
         return self
 
     def words(self) -> str:
-        return (f"{self.turns} turns in {len(self.conversations)} conversations: {self.messages} messages, "
-                f"{self.events} events, {self.skill_calls} skill calls, {self.llm_responses} LLM responses, "
-                f"{self.agents} agents' transcripts, {self.approvals} approvals, {self.pauses} pauses")
+        def n(count: int, what: str) -> str:
+            return f"{count} {what}" if count == 1 else f"{count} {what}s"
+
+        return (f"{n(self.turns, 'turn')} in {n(len(self.conversations), 'conversation')}: "
+                f"{n(self.messages, 'message')}, {n(self.events, 'event')}, {n(self.skill_calls, 'skill call')}, "
+                f"{n(self.llm_responses, 'LLM response')}, {n(self.agents, 'agent transcript')}, "
+                f"{n(self.approvals, 'approval')}, {n(self.pauses, 'pause')}")
 
 
 def _counts_by_turn(queryset: QuerySet, turn_path: str, turn_ids: list[int]) -> dict[int, int]:

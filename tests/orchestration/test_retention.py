@@ -89,7 +89,7 @@ def test_prune_removes_an_old_turns_transcript_and_leaves_a_tombstone(run_turn, 
 
     output = prune()
 
-    assert "batch 1: pruned 1 turns in 1 conversations" in output
+    assert "batch 1: pruned 1 turn in 1 conversation: " in output
     after = contents(old_turn)
     assert after["messages"] == [] and after["events"] == [] and after["executions"] == [] and after["pauses"] == []
     assert set(map(json.dumps, after["responses"])) == {"{}"}
@@ -137,7 +137,7 @@ def test_a_second_run_does_nothing(old_turn):
 def test_dry_run_says_what_would_go_and_changes_nothing(old_turn, tmp_path):
     before = contents(old_turn)
     output = prune("--dry-run", "--export", str(tmp_path / "exports"))
-    assert "Dry run" in output and "batch 1: would prune 1 turns" in output
+    assert "Dry run" in output and "batch 1: would prune 1 turn in 1 conversation" in output
     assert f"would export {tmp_path / 'exports'}/conversation-{old_turn.conversation_id}-audit-" in output
     assert contents(old_turn) == before and not (tmp_path / "exports").exists()
     old_turn.refresh_from_db()
