@@ -20,6 +20,7 @@ and a conversation with an active turn cannot be deleted until the turn is stopp
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ from orchestration.models import (
 )
 from orchestration.usage import turn_spend
 from skills.domains.files.workspace import workspace_root
+
+logger = logging.getLogger(__name__)
 
 FINISHED_TURN_STATUSES = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED)
 
@@ -219,8 +222,11 @@ def conversation_delete(*, conversation: Conversation, user) -> dict[str, int]:
         raise DeletionRefused("Only the conversation's owner can delete it.")
     if refused := conversation_deletion_summary(conversation=conversation).refused:
         raise DeletionRefused(refused)
+    conversation_id = conversation.pk
     with retention_deleting():
         _, removed = conversation.delete()
+    # The trail is gone with it: the log keeps that it was deleted, by whom, and how much.
+    logger.info("Conversation %s deleted by its owner %s: %s", conversation_id, user.pk, removed)
     return removed
 
 
@@ -232,9 +238,10 @@ def user_delete(*, user) -> dict[str, int]:
 
     Their turns still running are not waited for: a worker that next touches one finds
     its rows gone and lets it go (a lost lease)."""
-    workspace = workspace_root(user)
+    workspace, user_id = workspace_root(user), user.pk
     with retention_deleting():
         _, removed = user.delete()
+    logger.info("User %s deleted with everything of theirs: %s", user_id, removed)
     # After the commit only: a rollback must not leave a user whose files are gone.
     transaction.on_commit(partial(shutil.rmtree, workspace, ignore_errors=True))
     return removed
