@@ -26,6 +26,7 @@ urlpatterns = [
         views.approval_answer_view,
         name="approval_answer",
     ),
+    path("conversations/<int:conversation_id>/delete/", views.conversation_delete_view, name="conversation_delete"),
     path("conversations/<int:conversation_id>/audit/", views.conversation_audit, name="conversation_audit"),
     path(
         "conversations/<int:conversation_id>/audit.json",

@@ -8,7 +8,7 @@ from django.http import HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.html import escape
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from assistant.decorators import audited_conversation, owned_conversation
 from assistant.forms import EgressAllowForm, SkillRuleForm
@@ -19,6 +19,7 @@ from orchestration import audit
 from orchestration import selectors, services
 from orchestration.approvals import approval_answer
 from orchestration.pauses import AlreadyAnswered, turn_continue
+from orchestration.retention import DeletionRefused, conversation_delete, conversation_deletion_summary
 from orchestration.turns import TurnRefused, turn_start, turn_stop
 from orchestration.waterfall import turn_waterfall
 from skills import egress, rules
@@ -159,6 +160,24 @@ def approval_answer_view(request, conversation, turn_id: int):
         approval_answer(turn=turn, user=user, approve=answer != "deny", always=answer == "always")
 
     return _answer_turn(request, conversation, turn_id, answer_it)
+
+
+@require_http_methods(["GET", "POST"])
+@owned_conversation
+def conversation_delete_view(request, conversation):
+    """GET: the confirm step, saying what goes (or why it cannot yet); POST: delete it,
+    with everything in it, for good."""
+    if request.method == "POST":
+        try:
+            conversation_delete(conversation=conversation, user=request.user)
+        except DeletionRefused as exc:
+            context = {"conversation": conversation, "summary": conversation_deletion_summary(conversation=conversation),
+                       "error": str(exc)}
+            return render(request, "conversations/delete.html", context, status=409)
+        messages.success(request, f"Deleted “{conversation}” and everything in it.")
+        return redirect("conversation_list")
+    return render(request, "conversations/delete.html", {
+        "conversation": conversation, "summary": conversation_deletion_summary(conversation=conversation)})
 
 
 @require_GET

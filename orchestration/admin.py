@@ -1,7 +1,8 @@
 """The audit trail for staff: conversation → turns → dispatches → skill executions.
 
 Every record here is read-only for everyone, superusers included: an audit anyone can
-edit proves nothing. Rows leave only through the code that owns them (events never do).
+edit proves nothing. Rows leave only through the code that owns them (events only through
+orchestration/retention.py: pruning, an owner deleting a conversation, a superuser deleting a user).
 Agent profiles are configuration, not audit, and stay editable.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.urls import reverse
@@ -31,6 +34,7 @@ from orchestration.models import (
     UserSpend,
 )
 from orchestration.approvals import clearance_words
+from orchestration import retention
 from orchestration.pricing import format_usd
 from orchestration.spending import spend_use
 from orchestration.usage import turn_spend
@@ -306,12 +310,13 @@ class TurnAdmin(EventLinksMixin, AuditAdmin):
     search_fields = ["conversation__title", "conversation__owner__username", "messages__content"]
     date_hierarchy = "started_at"
     readonly_fields = ["usage", "events_link", "orchestrator_tool_calls", "limits_json", "awaiting_json",
-                       "outside_json", "started_at", "finished_at"]
+                       "outside_json", "started_at", "finished_at", "pruned_at", "tombstone_json"]
     inlines = [PauseInline, ApprovalInline, DispatchInline, LLMCallInline]
 
     limits_json = json_display("limits")
     awaiting_json = json_display("awaiting")
     outside_json = json_display("outside", "outside content the orchestrator read")
+    tombstone_json = json_display("tombstone", "what it held before it was pruned")
 
     @admin.display(description="tokens and cost")
     def usage(self, obj):
@@ -531,3 +536,33 @@ class UserSpendAdmin(StaffCanEditMixin, admin.ModelAdmin):
     @admin.display(description="this month")
     def this_month(self, obj):
         return self._use(obj, 1)
+
+
+class UserDeletionMixin:
+    """Deleting a user removes everything of theirs, the event log and their workspace
+    included (orchestration/retention.py `user_delete`): superusers only, and only
+    through that service, for one user or a selection."""
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def get_deleted_objects(self, objs, request):
+        """What goes with the user, listed as Django would, less the audit models' own
+        "no delete" answer: they refuse deletion one by one, not with their owner."""
+        to_delete, model_count, _, protected = retention.deletion_preview(super().get_deleted_objects, objs, request)
+        return to_delete, model_count, set(), protected
+
+    def delete_model(self, request, obj):
+        retention.user_delete(user=obj)
+
+    def delete_queryset(self, request, queryset):
+        for user in queryset:
+            retention.user_delete(user=user)
+
+
+admin.site.unregister(get_user_model())
+
+
+@admin.register(get_user_model())
+class RetentionUserAdmin(UserDeletionMixin, UserAdmin):
+    pass

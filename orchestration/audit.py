@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.utils import timezone
 
 from orchestration.limits import Limits
@@ -65,6 +67,8 @@ def turn_audit(turn: Turn) -> dict:
         "id": turn.pk, "number": turn.number, "status": turn.status, "error": turn.error,
         "started_at": _iso(turn.started_at), "finished_at": _iso(turn.finished_at),
         "limits": turn.limits, "continuations": turn.continuations,
+        # Past the retention window (manage.py prune): what the turn held, its transcript gone.
+        "pruned_at": _iso(turn.pruned_at), "tombstone": turn.tombstone or None,
         "counters": {"agents": turn.agents_dispatched, "skill_calls": turn.skill_calls,
                      "llm_iterations": turn.llm_iterations,
                      "llm_iterations_allowed": Limits.from_json(turn.limits).turn_max_llm_iterations,
@@ -96,3 +100,8 @@ def conversation_audit(conversation: Conversation) -> dict:
         ],
         "turns": [turn_audit(turn) for turn in conversation.turns.all()],
     }
+
+
+def conversation_audit_json(conversation: Conversation) -> str:
+    """The export `manage.py audit --json` prints (and `manage.py prune --export` writes)."""
+    return json.dumps(conversation_audit(conversation), indent=2, default=str)

@@ -7,6 +7,9 @@ append-only Event log for the timeline and the audit trail.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import models
@@ -98,6 +101,11 @@ class Turn(models.Model):
     outside = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Retention (orchestration/retention.py): when `manage.py prune` removed the turn's
+    # transcript, and what it held (counts, tokens, cost, dates). Its LLM calls stay, with
+    # their tokens and cost but not their responses, so every usage figure stays right.
+    pruned_at = models.DateTimeField(null=True, blank=True)
+    tombstone = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["conversation_id", "number"]
@@ -426,7 +434,38 @@ class LLMCall(models.Model):
 
 
 class AppendOnlyError(Exception):
-    """Events are facts: they are never changed or removed."""
+    """Events are facts: they are never changed, and removed only with what they describe."""
+
+
+# Set only by orchestration/retention.py around its deletions (prune, an owner deleting a
+# conversation, a superuser deleting a user): anywhere else an event cannot be removed,
+# and neither can the conversation, turn or dispatch it names.
+_retention_deleting: ContextVar[bool] = ContextVar("retention_deleting", default=False)
+
+
+@contextmanager
+def retention_deleting():
+    """Let the retention services remove events (and their rows) inside this block."""
+    token = _retention_deleting.set(True)
+    try:
+        yield
+    finally:
+        _retention_deleting.reset(token)
+
+
+def _refuse_delete_outside_retention() -> None:
+    if not _retention_deleting.get():
+        raise AppendOnlyError("Events are append-only; they are removed only by retention "
+                              "(manage.py prune, deleting a conversation or a user).")
+
+
+def protect_unless_retention(collector, field, sub_objs, using):
+    """on_delete for the event log's links: PROTECT, except inside `retention_deleting()`,
+    where Django's collector removes the events with the row they name (CASCADE)."""
+    if _retention_deleting.get():
+        models.CASCADE(collector, field, sub_objs, using)
+    else:
+        models.PROTECT(collector, field, sub_objs, using)
 
 
 class EventQuerySet(models.QuerySet):
@@ -434,7 +473,8 @@ class EventQuerySet(models.QuerySet):
         raise AppendOnlyError("Events are append-only; they cannot be updated.")
 
     def delete(self):
-        raise AppendOnlyError("Events are append-only; they cannot be deleted.")
+        _refuse_delete_outside_retention()
+        return super().delete()
 
     def for_timeline(self):
         """With the turn and the agent a timeline row names, not their big JSON columns."""
@@ -443,16 +483,17 @@ class EventQuerySet(models.QuerySet):
 
 
 class Event(models.Model):
-    """One fact of the timeline (DESIGN.md §4). Rows are inserted, never changed."""
+    """One fact of the timeline (DESIGN.md §4). Rows are inserted, never changed; they
+    leave only through orchestration/retention.py."""
 
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.PROTECT, related_name="events"
+        Conversation, on_delete=protect_unless_retention, related_name="events"
     )
     turn = models.ForeignKey(
-        Turn, null=True, blank=True, on_delete=models.PROTECT, related_name="events"
+        Turn, null=True, blank=True, on_delete=protect_unless_retention, related_name="events"
     )
     dispatch = models.ForeignKey(
-        AgentDispatch, null=True, blank=True, on_delete=models.PROTECT, related_name="events"
+        AgentDispatch, null=True, blank=True, on_delete=protect_unless_retention, related_name="events"
     )
     type = models.CharField(max_length=64, db_index=True)
     summary = models.CharField(max_length=300)
@@ -480,7 +521,8 @@ class Event(models.Model):
         super().save(*args, **kwargs)
 
     def delete(self, *args, **kwargs):
-        raise AppendOnlyError("Events are append-only; they cannot be deleted.")
+        _refuse_delete_outside_retention()
+        return super().delete(*args, **kwargs)
 
 
 class SpendAllowance(models.Model):

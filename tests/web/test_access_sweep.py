@@ -93,6 +93,7 @@ def test_the_sweep_sees_the_routes():
     assert {
         "conversation_detail", "message_send", "turn_continue", "turn_stop",
         "conversation_audit", "conversation_export", "approval_rule_revoke", "egress_allow_remove",
+        "conversation_delete",
     } <= {route.name for route in ID_ROUTES}
     assert PUBLIC | STAFF_READABLE | {"conversation_list", "conversation_create", "approval_rules",
                                       "approval_rule_add", "egress_allow_add"} <= names

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from django.core.management.base import BaseCommand, CommandError
 
-from orchestration.audit import conversation_audit
+from orchestration.audit import conversation_audit_json
 from orchestration.models import Conversation
 
 
@@ -21,4 +19,4 @@ class Command(BaseCommand):
         conversation = Conversation.objects.select_related("owner").filter(pk=conversation_id).first()
         if conversation is None:
             raise CommandError(f"No conversation {conversation_id}.")
-        self.stdout.write(json.dumps(conversation_audit(conversation), indent=2, default=str))
+        self.stdout.write(conversation_audit_json(conversation))
