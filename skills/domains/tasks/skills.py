@@ -36,9 +36,9 @@ def task_search(
     elif overdue is False:
         tasks = tasks.exclude(late)
     if due_after:
-        tasks = tasks.filter(due__gte=parse_date(due_after))
+        tasks = tasks.filter(due__gte=parse_date(due_after, field="due_after"))
     if due_before:
-        tasks = tasks.filter(due__lte=parse_date(due_before))
+        tasks = tasks.filter(due__lte=parse_date(due_before, field="due_before"))
     return {
         "tasks": [_data(task, today) for task in tasks[:limit]],
         "total": tasks.count(),
@@ -46,7 +46,7 @@ def task_search(
 
 
 def task_create(user, *, title: str, notes: str = "", due: str | None = None) -> dict:
-    task = Task.objects.create(owner=user, title=title, notes=notes, due=parse_date(due))
+    task = Task.objects.create(owner=user, title=title, notes=notes, due=parse_date(due, field="due"))
     return {"task": _data(task)}
 
 
@@ -59,7 +59,7 @@ def task_update(user, *, task_id: int, title=_UNSET, notes=_UNSET, due=_UNSET) -
     if notes is not _UNSET:
         task.notes = notes
     if due is not _UNSET:
-        task.due = parse_date(due)
+        task.due = parse_date(due, field="due")
     task.save()
     return {"task": _data(task)}
 
