@@ -68,7 +68,7 @@ class TestSend:
                 "'to[1]' must be a valid email address",
             ),
             ({"to": [f"p{i}@example.com" for i in range(21)]}, "'to' must have at most 20 items"),
-            ({"subject": "Hi\r\nBcc: everyone@example.com"}, "'subject' does not match"),
+            ({"subject": "Hi\r\nBcc: everyone@example.com"}, "'subject' must be one line"),
         ],
         ids=["bad address", "too many", "header injection"],
     )

@@ -138,7 +138,7 @@ DOMAIN = Domain(
                 {
                     "text": schema.text("Words in the subject or body.", max_length=200),
                     "recipient": schema.text(
-                        "All or part of a recipient's address.", max_length=254
+                        "All or part of a recipient's address.", max_length=254, one_line=True
                     ),
                     "limit": schema.integer(
                         "At most this many emails.", minimum=1, maximum=50, default=20

@@ -128,7 +128,7 @@ def _entry(entry) -> dict:
     return {"name": entry.name, "type": "file", "size_bytes": entry.stat().st_size}
 
 
-_PATH = schema.text("Path inside your workspace, e.g. notes/today.md.", max_length=512)
+_PATH = schema.text("Path inside your workspace, e.g. notes/today.md.", max_length=512, one_line=True)
 _FILE_PATH = {**_PATH, "minLength": 1}
 _CONTENT = schema.text("Text to write (UTF-8).", max_length=CONTENT_MAX)
 

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from django.conf import settings
 
 from skills.base import SkillError
+from skills.validation import one_line_problem
 
 MAX_NAME_BYTES = 255  # what common file systems allow per name
 MAX_PATH_BYTES = 1024
@@ -124,8 +125,9 @@ def write_atomic(target: Path, data: bytes, *, shown: str) -> None:
 def _check_text(path: str) -> None:
     if "\x00" in path:
         raise SkillError("paths must not contain NUL bytes")
-    if any(ord(char) < 32 for char in path):
-        raise SkillError("paths must not contain control characters")
+    problem = one_line_problem(path)
+    if problem:
+        raise SkillError(f"paths must not contain control characters or line breaks ({problem})")
     try:
         encoded = path.encode()
     except UnicodeEncodeError:
