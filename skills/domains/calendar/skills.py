@@ -10,6 +10,7 @@ from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.calendar.models import TITLE_MAX, CalendarEvent
 from skills.domains.common import iso, owned, parse_datetime, shifted
+from skills.quotas import rows_reserve
 
 DEFAULT_RANGE = timedelta(days=14)
 MAX_RANGE = timedelta(days=366)
@@ -47,6 +48,7 @@ def event_create(
 ) -> dict:
     begins = parse_datetime(start, field="start")
     ends = shifted(begins, timedelta(minutes=duration_minutes), what="the event's end")
+    rows_reserve(user=user, domain="calendar")
     event = CalendarEvent.objects.create(
         owner=user,
         title=title,

@@ -16,6 +16,7 @@ from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.common import iso
 from skills.domains.email.models import BODY_MAX, SUBJECT_MAX, OutboxEmail
+from skills.quotas import rows_reserve
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def email_send(user, *, to: list[str], subject: str, body: str) -> dict:
     sent = journal.recall(key) if key else None
     if sent is None:
         egress.reserve_daily(user, to)
+        rows_reserve(user=user, domain="email")
     if sent is not None:
         email = OutboxEmail.objects.create(
             owner=user, to=to, subject=subject, body=body,

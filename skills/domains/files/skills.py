@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 
 from skills import journal
+from skills.quotas import workspace_reserve
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.files.workspace import (
@@ -65,7 +66,9 @@ def files_write(user, *, path: str, content: str) -> dict:
     if earlier is not None:
         return earlier
     before = digest(target, shown=path) if key else None
-    return _replace(key, root, target, content.encode(), before=before, shown=path)
+    data = content.encode()
+    workspace_reserve(user=user, root=root, target=target, size=len(data), shown=path)
+    return _replace(key, root, target, data, before=before, shown=path)
 
 
 def files_append(user, *, path: str, content: str) -> dict:
@@ -76,6 +79,7 @@ def files_append(user, *, path: str, content: str) -> dict:
         return earlier
     old = read_bytes(target, shown=path) if target.exists() else None
     data = (old or b"") + content.encode()
+    workspace_reserve(user=user, root=root, target=target, size=len(data), shown=path)
     return _replace(key, root, target, data, before=_sha256(old), shown=path)
 
 

@@ -51,6 +51,17 @@ def resolve(user, path: str, *, directory: bool = False) -> tuple[Path, Path]:
     return root, target
 
 
+def workspace_use(root: Path) -> tuple[int, int]:
+    """(files and folders, bytes of the files) in the workspace, links not followed."""
+    entries = used = 0
+    for folder, folders, files in os.walk(root):
+        entries += len(folders) + len(files)
+        for name in files:
+            with suppress(FileNotFoundError):
+                used += os.lstat(os.path.join(folder, name)).st_size
+    return entries, used
+
+
 def relative(root: Path, target: Path) -> str:
     return target.relative_to(root).as_posix()
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.common import iso, owned, parse_date
+from skills.quotas import rows_reserve
 from skills.domains.tasks.models import NOTES_MAX, TITLE_MAX, Task
 
 SEARCH_LIMIT_MAX = 50
@@ -46,6 +47,7 @@ def task_search(
 
 
 def task_create(user, *, title: str, notes: str = "", due: str | None = None) -> dict:
+    rows_reserve(user=user, domain="tasks")
     task = Task.objects.create(owner=user, title=title, notes=notes, due=parse_date(due, field="due"))
     return {"task": _data(task)}
 
