@@ -21,8 +21,9 @@ everyone-circuit and their own; it cannot close another user's own circuit.
 Each circuit: closed → (threshold reached) → open for SKILLS_BREAKER_COOLDOWN_SECONDS →
 half-open: exactly one trial call is let through, claimed with a conditional UPDATE
 that pushes the open window forward, so concurrent callers keep being refused while it
-runs. Its success closes the circuit; its failure opens it again. All counting is done
-with F() expressions: no read-modify-write races.
+runs. Its success closes the circuit; its outage opens it again; a trial that ends in
+the caller's mistake proves nothing, and the next caller after another cool-down tries.
+All counting is done with F() expressions: no read-modify-write races.
 """
 
 from __future__ import annotations
