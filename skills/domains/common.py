@@ -25,6 +25,9 @@ def owned(model: type[models.Model], *, user, pk: int, noun: str) -> models.Mode
 # absurd dates with a sentence the model can act on instead of an OverflowError.
 EARLIEST = dt.datetime(1000, 1, 1, tzinfo=dt.UTC)
 LATEST = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
+# The widest UTC offsets in use (Baker Island, Kiribati). Python takes up to ±23:59;
+# PostgreSQL refuses anything past ±15:59 in the INSERT.
+MAX_OFFSET = dt.timedelta(hours=14)
 
 
 def parse_date(value: str | None, *, field: str = "date") -> dt.date | None:
@@ -53,6 +56,8 @@ def parse_datetime(value: str, *, field: str = "time") -> dt.datetime:
             f"'{field}' is out of range: give a time from year {EARLIEST.year} to {LATEST.year - 1}, "
             "e.g. 2026-03-01T09:30:00+01:00"
         )
+    if abs(moment.utcoffset()) > MAX_OFFSET:
+        raise SkillError(f"'{field}' has a UTC offset beyond ±14:00, which no place on Earth uses")
     return moment
 
 
