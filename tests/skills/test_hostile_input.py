@@ -110,6 +110,9 @@ CASES = [
     ("email.send", {"to": ['"a\\"b c"@example.com'], "subject": "Hi", "body": "Hello"}, None),
     ("email.send", {"to": ["é@exämple.com"], "subject": "Hi", "body": "Hello"}, None),
     ("email.send", {"to": ["bob@example.com"], "subject": "x" * 300, "body": "Hello"}, None),
+    # The longest header the schema allows: 20 addresses of 254 characters each.
+    ("email.send", {"to": [f"{n:02d}{'a' * 62}@{'b' * 63}.{'c' * 63}.{'d' * 57}.com" for n in range(20)],
+                    "subject": "Wide", "body": "Hello"}, None),
     ("email.send", {"to": ["bob@example.com"], "subject": "\u00e9" * 300, "body": "\u2028" * 5000}, None),
     # Paths: a file where a folder must be, a folder where a file must be.
     ("files.write", {"path": "a" * 255 + "/" + "b" * 255 + "/" + "c" * 255 + "/" + "d" * 250, "content": "x"}, None),

@@ -27,7 +27,10 @@ def event_list(
     limit: int = 50,
 ) -> dict:
     since = parse_datetime(start, field="start") if start else timezone.now()
-    until = parse_datetime(end, field="end") if end else shifted(since, DEFAULT_RANGE, what="the default 'end'")
+    if end:
+        until = parse_datetime(end, field="end")
+    else:
+        until = shifted(since, DEFAULT_RANGE, what="the default 'end'")
     if until <= since:
         raise SkillError("'end' must be after 'start'")
     if until - since > MAX_RANGE:
