@@ -326,6 +326,23 @@ SKILLS_BREAKER_THRESHOLD = env_int("SKILLS_BREAKER_THRESHOLD", 5, minimum=1)
 SKILLS_BREAKER_COOLDOWN_SECONDS = env_float("SKILLS_BREAKER_COOLDOWN_SECONDS", 30.0)
 SKILLS_EXECUTION_MODEL = "orchestration.SkillExecution"
 
+# Skill guard (issue 18): no tenant can disable a skill for others, and caps per user.
+# Circuit breakers count only outages (skills/breaker.py): a user's own circuit opens after
+# SKILLS_BREAKER_THRESHOLD of them in a row; the skill's circuit for everyone only when,
+# besides, SKILLS_BREAKER_USERS distinct users had failures within the window.
+SKILLS_BREAKER_USERS = env_int("SKILLS_BREAKER_USERS", 3, minimum=1)
+SKILLS_BREAKER_WINDOW_SECONDS = env_float("SKILLS_BREAKER_WINDOW_SECONDS", 600.0, minimum=1.0)
+# Rows a user may hold per domain (skills/quotas.py), counted with the owner's row locked.
+SKILLS_MAX_ROWS = {
+    "tasks": env_int("SKILLS_MAX_TASKS", 10_000, minimum=0),
+    "calendar": env_int("SKILLS_MAX_CALENDAR_EVENTS", 10_000, minimum=0),
+    "memory": env_int("SKILLS_MAX_MEMORIES", 10_000, minimum=0),
+    "email": env_int("SKILLS_MAX_OUTBOX_EMAILS", 10_000, minimum=0),
+}
+# A user's workspace: files and folders in it, and the bytes of its files together.
+SKILLS_WORKSPACE_MAX_ENTRIES = env_int("SKILLS_WORKSPACE_MAX_ENTRIES", 1_000, minimum=1)
+SKILLS_WORKSPACE_MAX_BYTES = env_int("SKILLS_WORKSPACE_MAX_BYTES", 50_000_000, minimum=1)
+
 # Approvals (skills/policy.py, orchestration/approvals.py). Each skill's policy when its
 # owner set none: "allow", "ask" (pause the turn and show the call before it runs) or
 # "deny". A skill that sends (Skill.recipients) asks unless listed; any other allows.

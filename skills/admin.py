@@ -80,8 +80,10 @@ class MemoryAdmin(StaffCanView, admin.ModelAdmin):
 
 @admin.register(SkillCircuit)
 class SkillCircuitAdmin(StaffCanView, admin.ModelAdmin):
-    """A superuser may reset a breaker by hand (failures to 0, opened_until empty)."""
+    """A superuser may reset a breaker by hand (failures to 0, opened_until empty).
+    A row without an owner is the skill's circuit for everyone."""
 
-    list_display = ["skill", "consecutive_failures", "opened_until", "updated_at"]
-    list_filter = [("opened_until", admin.EmptyFieldListFilter)]
+    list_display = ["skill", "owner", "consecutive_failures", "opened_until", "updated_at"]
+    list_filter = [("opened_until", admin.EmptyFieldListFilter), ("owner", admin.EmptyFieldListFilter)]
     search_fields = ["skill"]
+    raw_id_fields = ["owner"]

@@ -22,8 +22,10 @@ class SkillError(Exception):
     """An expected failure the agent can read and act on ("task 12 not found").
 
     `permanent=False` says the same call may succeed later (a mail server that is
-    down): the engine may retry it, and it counts towards the skill's circuit breaker.
-    A permanent error is the caller's mistake, not the skill's, so it does not.
+    down): the engine may retry it, and it counts towards the skill's circuit breakers.
+    A permanent error is the caller's mistake, not the skill's, so it does not
+    (skills/breaker.py). Bad input — a date out of range, a header that cannot be
+    written — is always a permanent SkillError, never another exception.
     """
 
     def __init__(self, message: str, *, permanent: bool = True) -> None:
@@ -55,6 +57,9 @@ class Skill:
     # The side effect of a completed call in a line for the owner ("sent “Hi” to
     # bob@example.com"), listed under the turn's answer; None: the skill and arguments.
     effect: Callable[[dict, dict], str] | None = None
+    # What an unexpected exception must be to count as an outage of the skill's outside
+    # service (skills/breaker.py); any other is a bug, answered but not counted.
+    outage_errors: tuple[type[BaseException], ...] = (OSError,)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):

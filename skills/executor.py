@@ -9,7 +9,8 @@ Order of a call:
    finds the replays;
 2. refusals (skill not granted, unknown, invalid arguments) are answered at once and
    recorded as failed rows, so the audit shows what the agent tried;
-3. the skill's circuit breaker may answer "temporarily unavailable";
+3. the skill's circuit breakers (the user's own, the skill's for everyone) may answer
+   "temporarily unavailable"; only outages count towards them (skills/breaker.py);
 4. a short transaction commits the running row with `before_run` (the engine's limit
    counters), so the rows those lock are free again before the handler runs: parallel
    agents' skills run at the same time;
@@ -221,12 +222,13 @@ def execute_skill(
         outcome = call.record(refusal)
     else:
         skill = get_skill(name)
-        admitted = breaker_admit(skill=skill.name)
+        admitted = breaker_admit(skill=skill.name, user=user)
         if admitted.retry_after is not None:
             outcome = call.record(
                 _failure(
                     ErrorKind.UNAVAILABLE,
-                    f"skill {skill.name} is temporarily unavailable after repeated failures; "
+                    f"skill {skill.name} is temporarily unavailable after repeated failures"
+                    f"{'' if admitted.everyone else ' of your calls'}; "
                     f"retry after {admitted.retry_after} s",
                     retryable=True,
                 )
@@ -253,10 +255,10 @@ def _derived_id(tool_call_id: str, name: object, arguments: object) -> str:
 class _Failed(Exception):
     """The handler failed: raised through its transaction so its writes roll back."""
 
-    def __init__(self, outcome: SkillOutcome, *, healthy: bool):
+    def __init__(self, outcome: SkillOutcome, *, outage: bool):
         super().__init__(outcome.error)
         self.outcome = outcome
-        self.healthy = healthy
+        self.outage = outage  # a failure of the skill's infrastructure (skills/breaker.py)
 
 
 @dataclass(kw_only=True)
@@ -315,15 +317,17 @@ class _Call:
                 outside = tuple(skill.outside_in(self.arguments, data))
                 outcome = _finish(row, SkillOutcome(ok=True, status=ExecutionStatus.COMPLETED, data=data,
                                                     outside=outside), started)
-            healthy = True
+            outage = False
         except _Failed as failed:
             with transaction.atomic():
                 if not self._claim(row):
                     return self._winner(row)
                 outcome = _finish(row, failed.outcome, started)
-            healthy = failed.healthy
-        if not (healthy and circuit_clean):
-            breaker_record(skill=skill.name, healthy=healthy)
+            outage = failed.outage
+            if not outage:  # the caller's mistake, or a bug: nothing about the skill's health
+                return outcome
+        if outage or not circuit_clean:
+            breaker_record(skill=skill.name, user=user, healthy=not outage)
         return outcome
 
     def _open(self, fields: dict, *, before_run: BeforeRun | None = None, clear: Clear | None = None,
@@ -412,8 +416,8 @@ def _refusal(*, name: object, arguments: object, granted: Collection[str] | None
 
 
 def _call_handler(skill: Skill, *, user, arguments: dict, running: _Running) -> dict:
-    """The handler's result; a failure raises _Failed (whether the skill itself looked
-    healthy rides along). A nested call's refused reservation propagates instead, even
+    """The handler's result; a failure raises _Failed (whether it was an outage of the
+    skill's infrastructure rides along). A nested call's refused reservation propagates instead, even
     if the handler caught it."""
     token = running_call.set(running)
     in_zone = nullcontext() if running.time_zone is None else timezone.override(running.time_zone or None)
@@ -440,15 +444,18 @@ def _handler_data(skill: Skill, *, user, arguments: dict, row) -> dict:
         outcome = _failure(
             ErrorKind.TIMEOUT, f"{skill.name} {exc}", status=ExecutionStatus.TIMEOUT, retryable=True
         )
-        raise _Failed(outcome, healthy=False) from None
+        raise _Failed(outcome, outage=True) from None
     except SkillError as exc:
         # A permanent error ("task 12 not found") is a correct answer to a bad request.
         raise _Failed(_failure(ErrorKind.FAILED, exc.message, retryable=not exc.permanent),
-                      healthy=exc.permanent) from None
+                      outage=not exc.permanent) from None
     except Exception as exc:
+        # A bug, most likely set off by what the model sent: logged, and answered. Only the
+        # skill's named outside failures (OSError: connections, sockets) count as an outage.
         logger.exception("Skill %s failed unexpectedly (execution %s)", skill.name, row.pk)
         message = f"{skill.name} failed unexpectedly: {type(exc).__name__}: {exc}"
-        raise _Failed(_failure(ErrorKind.FAILED, message[:500]), healthy=False) from None
+        raise _Failed(_failure(ErrorKind.FAILED, message[:500]),
+                      outage=isinstance(exc, skill.outage_errors)) from None
     return data
 
 

@@ -73,19 +73,38 @@ class AbstractSkillExecution(models.Model):
 
 
 class SkillCircuit(models.Model):
-    """One row per skill: consecutive failures and, when open, until when.
+    """A circuit breaker's state: consecutive failures and, when open, until when.
 
-    Kept in the database rather than process memory so that every worker process sees
-    the same breaker state.
+    One row per skill and user (that user's own circuit) and one per skill without a
+    user (the skill's circuit for everyone); skills/breaker.py says which failures reach
+    which. Kept in the database rather than process memory so that every worker process
+    sees the same state.
     """
 
-    skill = models.CharField(max_length=100, primary_key=True)
+    skill = models.CharField(max_length=100)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+        related_name="skill_circuits", help_text="Empty: the skill's circuit for every user.",
+    )
     consecutive_failures = models.PositiveIntegerField(default=0)
     opened_until = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    class Meta:
+        ordering = ["skill", "owner_id"]
+        constraints = [
+            # Two conditional constraints: NULLs are distinct in a plain unique one.
+            models.UniqueConstraint(
+                fields=["skill"], condition=models.Q(owner__isnull=True), name="skill_circuit_everyone"
+            ),
+            models.UniqueConstraint(
+                fields=["skill", "owner"], condition=models.Q(owner__isnull=False), name="skill_circuit_owner"
+            ),
+        ]
+
     def __str__(self) -> str:
-        return f"{self.skill} ({self.consecutive_failures} failures)"
+        whose = f"user {self.owner_id}" if self.owner_id else "everyone"
+        return f"{self.skill} for {whose} ({self.consecutive_failures} failures)"
 
 
 class Policy(models.TextChoices):

@@ -8,12 +8,15 @@ crash of the agent.
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from datetime import date, datetime
+from functools import lru_cache
 
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
-from jsonschema import Draft202012Validator, FormatChecker, ValidationError
+from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
 
 from skills.base import Skill
 
@@ -23,6 +26,19 @@ MAX_PROBLEMS = 20
 # a few thousand levels would raise RecursionError and fail the whole agent instead of
 # answering the model.
 MAX_NESTING = 32
+
+# What a one-line field (a title, a subject, a recipient, a file name) may not hold: every
+# control character (Unicode Cc: C0 with CR, LF and TAB, DEL, C1 with U+0085 NEXT LINE)
+# and the line and paragraph separators (Zl U+2028, Zp U+2029): each breaks a line
+# somewhere — a mail header, a log, a terminal, a JSON-lines export. Format characters
+# (Cf) stay allowed: the zero-width joiner builds emoji and the direction marks belong in
+# Arabic and Hebrew names. The pattern is the schema's (the model reads it); its check
+# is `_pattern`'s, and its refusal names the character (`one_line_problem`).
+_BREAKING = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029"
+ONE_LINE = f"^[^{_BREAKING}]*$"
+_BREAKING_CHARACTER = re.compile(f"[{_BREAKING}]")
+_CONTROL_NAMES = {"\t": "TAB", "\n": "LINE FEED", "\r": "CARRIAGE RETURN", "\x00": "NUL",
+                  "\x85": "NEXT LINE", "\x7f": "DELETE"}
 
 # Only the formats our schemas use, checked with the same parsers the handlers use
 # (jsonschema's own date-time check needs an extra package and is stricter than Python).
@@ -60,6 +76,35 @@ _FORMAT_NAMES = {
     "date-time": "an ISO 8601 date-time string such as 2025-03-01T09:30:00+00:00",
     "email": "a valid email address",
 }
+
+
+def one_line_problem(text: str) -> str | None:
+    """What keeps `text` from being one line ("U+2028 LINE SEPARATOR at character 4"),
+    or None."""
+    found = _BREAKING_CHARACTER.search(text)
+    if found is None:
+        return None
+    char = found.group()
+    name = _CONTROL_NAMES.get(char) or unicodedata.name(char, "a control character")
+    return f"U+{ord(char):04X} {name} at character {found.start() + 1}"
+
+
+@lru_cache(maxsize=256)
+def _ecma_regex(pattern: str) -> re.Pattern:
+    """A JSON Schema pattern (ECMA-262) as Python must read it: there, a final `$` is the
+    end of the text; Python's `$` also matches before a final newline, so "Title\\n"
+    passed `^[^\\r\\n]*$`."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + "\\Z"
+    return re.compile(pattern)
+
+
+def _pattern(validator, pattern: str, instance, schema):
+    if validator.is_type(instance, "string") and not _ecma_regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
 
 
 def nested_too_deep(value: object, limit: int = MAX_NESTING) -> bool:
@@ -128,7 +173,7 @@ def validate_arguments(skill: Skill, arguments: object) -> list[str]:
 
 def schema_problems(schema: dict, arguments: object) -> list[str]:
     """Readable problems with `arguments` against any JSON Schema (tools' too)."""
-    validator = Draft202012Validator(schema, format_checker=FORMATS)
+    validator = Validator(schema, format_checker=FORMATS)
     errors = sorted(validator.iter_errors(arguments), key=_reading_order)
     problems: list[str] = []
     for error in errors:
@@ -180,6 +225,9 @@ def _describe(error: ValidationError) -> list[str]:
         return [f"{where} must be at most {expected}"]
     if keyword == "uniqueItems":
         return [f"{where} must not repeat items"]
+    if keyword == "pattern" and expected == ONE_LINE:
+        return [f"{where} must be one line, without control characters or line breaks: "
+                f"it holds {one_line_problem(value)}"]
     if keyword == "pattern":
         # The field's description says in words what the pattern says in symbols.
         meaning = error.schema.get("description")

@@ -6,6 +6,8 @@ array bounded, so validation alone keeps a model's arguments small and well-form
 
 from __future__ import annotations
 
+from skills.validation import ONE_LINE
+
 ID_MAX = 2**63 - 1  # a BigAutoField
 
 
@@ -22,7 +24,7 @@ def text(description: str, *, max_length: int, min_length: int = 0, one_line: bo
         schema["minLength"] = min_length
     if one_line:
         schema["description"] += " One line."
-        schema["pattern"] = r"^[^\r\n]*$"
+        schema["pattern"] = ONE_LINE  # no control character or line break (skills/validation.py)
     return schema
 
 
@@ -73,7 +75,7 @@ def emails(description: str, *, max_items: int, min_items: int = 0) -> dict:
     schema: dict = {
         "type": "array",
         "description": description,
-        "items": {"type": "string", "format": "email", "maxLength": 254},
+        "items": {"type": "string", "format": "email", "maxLength": 254, "pattern": ONE_LINE},
         "maxItems": max_items,
         "uniqueItems": True,
     }

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import socketserver
+import threading
+
 import pytest
 from django.core import mail
 
-from skills.models import OutboxEmail
+from skills.models import OutboxEmail, SkillCircuit
 
 MESSAGE = {
     "to": ["sam@example.com", "kim@example.org"],
@@ -68,7 +71,7 @@ class TestSend:
                 "'to[1]' must be a valid email address",
             ),
             ({"to": [f"p{i}@example.com" for i in range(21)]}, "'to' must have at most 20 items"),
-            ({"subject": "Hi\r\nBcc: everyone@example.com"}, "'subject' does not match"),
+            ({"subject": "Hi\r\nBcc: everyone@example.com"}, "'subject' must be one line"),
         ],
         ids=["bad address", "too many", "header injection"],
     )
@@ -105,3 +108,79 @@ class TestSearchSent:
     def test_bob_sees_only_his_own(self, ok, sent, bob):
         result = ok("email.search_sent", {"recipient": "finance"}, user=bob)
         assert [e["subject"] for e in result["emails"]] == ["Bob's report"]
+
+
+class FakeSMTP(socketserver.StreamRequestHandler):
+    """Just enough SMTP to send a message: it refuses recipients at refused.example for
+    good (550) and those at later.example for now (450), and accepts the rest."""
+
+    def handle(self):
+        self.wfile.write(b"220 fake ESMTP\r\n")
+        while line := self.rfile.readline():
+            verb = line[:4].upper()
+            if verb == b"DATA":
+                self.wfile.write(b"354 go ahead\r\n")
+                while self.rfile.readline() not in (b".\r\n", b""):
+                    pass
+                self.server.received += 1
+                reply = b"250 queued"
+            elif verb == b"RCPT":
+                reply = (b"550 no such user" if b"@refused.example" in line
+                         else b"450 try later" if b"@later.example" in line else b"250 ok")
+            elif verb == b"QUIT":
+                self.wfile.write(b"221 bye\r\n")
+                return
+            else:
+                reply = b"250 ok"
+            self.wfile.write(reply + b"\r\n")
+
+
+@pytest.fixture
+def smtp(settings):
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), FakeSMTP)
+    server.daemon_threads = True
+    server.received = 0
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", server.server_address[1], 5
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+class TestRefusals:
+    """What the caller sent, refused by the mail server or by the mail format, is a
+    permanent SkillError: it opens no circuit breaker, for the sender or anyone else."""
+
+    def test_a_recipient_refused_for_good_is_the_callers_mistake(self, call, smtp, alice, bob, settings):
+        settings.SKILLS_BREAKER_THRESHOLD = 2
+        for _ in range(5):
+            outcome = call("email.send", {**MESSAGE, "to": ["nobody@refused.example"]}, user=alice)
+            assert (outcome.error_kind, outcome.retryable) == ("failed", False)
+            assert outcome.error == "the mail server refused the recipients: nobody@refused.example"
+        assert not SkillCircuit.objects.exists() and not OutboxEmail.objects.exists()
+
+        assert call("email.send", {**MESSAGE, "to": ["sam@example.com"]}, user=alice).ok
+        assert call("email.send", MESSAGE, user=bob).ok
+        assert smtp.received == 2
+
+    def test_a_recipient_refused_for_now_may_be_retried(self, call, smtp):
+        outcome = call("email.send", {**MESSAGE, "to": ["kim@later.example"]})
+        assert (outcome.error_kind, outcome.retryable) == ("failed", True)
+
+    def test_a_mail_server_down_opens_the_senders_circuit_only(self, call, alice, bob, settings):
+        settings.SKILLS_BREAKER_THRESHOLD = 2
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", 9, 2
+        for _ in range(2):
+            assert call("email.send", MESSAGE, user=alice).retryable
+        assert call("email.send", MESSAGE, user=alice).error_kind == "unavailable"
+        assert call("email.send", MESSAGE, user=bob).error.startswith("the mail server failed: ")
+
+    @pytest.mark.parametrize("address", ['"a\\"b c"@example.com', '"a\\\\b"@example.com', "é@example.com"])
+    def test_addresses_the_validator_allows_are_sent_or_refused_plainly(self, call, smtp, caplog, address):
+        outcome = call("email.send", {**MESSAGE, "to": [address]})
+        assert outcome.ok or outcome.error_kind in ("invalid_arguments", "failed"), outcome
+        assert "unexpectedly" not in outcome.error
+        assert not SkillCircuit.objects.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -160,7 +161,6 @@ HOSTILE = [
     ("/etc/passwd", "absolute paths are not allowed"),
     ("\\\\server\\share", "absolute paths are not allowed"),
     ("C:/Windows/win.ini", "absolute paths are not allowed"),
-    ("a\nb.txt", "paths must not contain control characters"),
     ("n" * 256 + ".txt", "a file or folder name is too long"),
     (("€" * 80 + "/") * 5 + "x", "the path is too long"),  # 405 characters, 1206 bytes
 ]
@@ -194,11 +194,13 @@ def test_unstorable_paths_are_invalid_arguments(call, workspace, path, problem):
     ("path", "error"),
     [
         ("a\x00b", "paths must not contain NUL bytes"),
+        ("a\nb", "paths must not contain control characters or line breaks (U+000A LINE FEED"),
+        ("a\u2028b", "paths must not contain control characters or line breaks (U+2028 LINE SEPARATOR"),
         ("bad\udc80", "the path is not valid text"),
     ],
 )
 def test_the_workspace_checks_such_text_itself_too(alice, path, error):
-    with pytest.raises(SkillError, match=error):
+    with pytest.raises(SkillError, match=re.escape(error)):
         resolve(alice, path)
 
 

@@ -31,7 +31,8 @@ def test_valid_arguments_have_no_problems():
         (
             "tasks.create",
             {"title": "a\nb"},
-            """'title' does not match "^[^\\\\r\\\\n]*$": Short title. One line.""",
+            "'title' must be one line, without control characters or line breaks: "
+            "it holds U+000A LINE FEED at character 2",
         ),
         (
             "tasks.create",

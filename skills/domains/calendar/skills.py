@@ -9,7 +9,8 @@ from django.utils import timezone
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.calendar.models import TITLE_MAX, CalendarEvent
-from skills.domains.common import iso, owned, parse_datetime
+from skills.domains.common import iso, owned, parse_datetime, shifted
+from skills.quotas import rows_reserve
 
 DEFAULT_RANGE = timedelta(days=14)
 MAX_RANGE = timedelta(days=366)
@@ -25,8 +26,11 @@ def event_list(
     include_cancelled: bool = False,
     limit: int = 50,
 ) -> dict:
-    since = parse_datetime(start) if start else timezone.now()
-    until = parse_datetime(end) if end else since + DEFAULT_RANGE
+    since = parse_datetime(start, field="start") if start else timezone.now()
+    if end:
+        until = parse_datetime(end, field="end")
+    else:
+        until = shifted(since, DEFAULT_RANGE, what="the default 'end'")
     if until <= since:
         raise SkillError("'end' must be after 'start'")
     if until - since > MAX_RANGE:
@@ -45,13 +49,15 @@ def event_list(
 def event_create(
     user, *, title: str, start: str, duration_minutes: int = 60, invitees: list[str] = ()
 ) -> dict:
-    begins = parse_datetime(start)
+    begins = parse_datetime(start, field="start")
+    ends = shifted(begins, timedelta(minutes=duration_minutes), what="the event's end")
+    rows_reserve(user=user, domain="calendar")
     event = CalendarEvent.objects.create(
         owner=user,
         title=title,
         start=begins,
         duration_minutes=duration_minutes,
-        end=begins + timedelta(minutes=duration_minutes),
+        end=ends,
         invitees=list(invitees),
     )
     overlaps = CalendarEvent.objects.filter(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import smtplib
+from email.errors import MessageError
 from email.utils import make_msgid, parseaddr
 
 from django.conf import settings
@@ -16,6 +18,7 @@ from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.common import iso
 from skills.domains.email.models import BODY_MAX, SUBJECT_MAX, OutboxEmail
+from skills.quotas import rows_reserve
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +40,7 @@ def email_send(user, *, to: list[str], subject: str, body: str) -> dict:
     sent = journal.recall(key) if key else None
     if sent is None:
         egress.reserve_daily(user, to)
+        rows_reserve(user=user, domain="email")
     if sent is not None:
         email = OutboxEmail.objects.create(
             owner=user, to=to, subject=subject, body=body,
@@ -44,9 +48,6 @@ def email_send(user, *, to: list[str], subject: str, body: str) -> dict:
         )
         return {"email": _data(email), "sent": True}
     message_id = _message_id(key)
-    email = OutboxEmail.objects.create(
-        owner=user, to=to, subject=subject, body=body, message_id=message_id
-    )
     message = EmailMessage(
         subject=subject,
         body=body,
@@ -55,13 +56,40 @@ def email_send(user, *, to: list[str], subject: str, body: str) -> dict:
         reply_to=[user.email] if user.email else None,
         headers={"Message-ID": message_id},
     )
-    try:
-        message.send()
-    except OSError as exc:  # smtplib's errors are OSErrors too
-        raise SkillError(f"the mail server failed: {exc}", permanent=False) from exc
+    _check_writable(message)
+    email = OutboxEmail.objects.create(
+        owner=user, to=to, subject=subject, body=body, message_id=message_id
+    )
+    _send(message)
     if key:
         _journal_sent(key, email)
     return {"email": _data(email), "sent": True}
+
+
+def _check_writable(message: EmailMessage) -> None:
+    """Write the message out before anything is stored or sent: an address or header that
+    cannot be written as mail is the caller's mistake, said plainly, not a crash."""
+    try:
+        message.message().as_bytes()
+    except (ValueError, UnicodeError, MessageError) as exc:  # BadHeaderError is a ValueError
+        raise SkillError(f"the message cannot be written as an email: {exc}"[:500]) from None
+
+
+def _send(message: EmailMessage) -> None:
+    """Send; a refusal of what the caller sent (every recipient refused for good, an
+    address the server cannot take) is permanent, anything else from the server or the
+    network may pass and counts as the mail service's outage (skills/breaker.py)."""
+    try:
+        message.send()
+    except smtplib.SMTPRecipientsRefused as exc:
+        codes = [code for code, _ in exc.recipients.values()]
+        refused = ", ".join(exc.recipients)
+        raise SkillError(f"the mail server refused the recipients: {refused}"[:500],
+                         permanent=all(500 <= code < 600 for code in codes)) from exc
+    except (smtplib.SMTPNotSupportedError, UnicodeError) as exc:
+        raise SkillError(f"the mail server cannot take this message: {exc}"[:500]) from exc
+    except OSError as exc:  # smtplib's errors are OSErrors too
+        raise SkillError(f"the mail server failed: {exc}", permanent=False) from exc
 
 
 def email_search_sent(user, *, text: str = "", recipient: str = "", limit: int = 20) -> dict:
@@ -138,7 +166,7 @@ DOMAIN = Domain(
                 {
                     "text": schema.text("Words in the subject or body.", max_length=200),
                     "recipient": schema.text(
-                        "All or part of a recipient's address.", max_length=254
+                        "All or part of a recipient's address.", max_length=254, one_line=True
                     ),
                     "limit": schema.integer(
                         "At most this many emails.", minimum=1, maximum=50, default=20

@@ -11,6 +11,7 @@ import hashlib
 from pathlib import Path
 
 from skills import journal
+from skills.quotas import workspace_reserve
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.files.workspace import (
@@ -65,7 +66,9 @@ def files_write(user, *, path: str, content: str) -> dict:
     if earlier is not None:
         return earlier
     before = digest(target, shown=path) if key else None
-    return _replace(key, root, target, content.encode(), before=before, shown=path)
+    data = content.encode()
+    workspace_reserve(user=user, root=root, target=target, size=len(data), shown=path)
+    return _replace(key, root, target, data, before=before, shown=path)
 
 
 def files_append(user, *, path: str, content: str) -> dict:
@@ -76,6 +79,7 @@ def files_append(user, *, path: str, content: str) -> dict:
         return earlier
     old = read_bytes(target, shown=path) if target.exists() else None
     data = (old or b"") + content.encode()
+    workspace_reserve(user=user, root=root, target=target, size=len(data), shown=path)
     return _replace(key, root, target, data, before=_sha256(old), shown=path)
 
 
@@ -128,7 +132,7 @@ def _entry(entry) -> dict:
     return {"name": entry.name, "type": "file", "size_bytes": entry.stat().st_size}
 
 
-_PATH = schema.text("Path inside your workspace, e.g. notes/today.md.", max_length=512)
+_PATH = schema.text("Path inside your workspace, e.g. notes/today.md.", max_length=512, one_line=True)
 _FILE_PATH = {**_PATH, "minLength": 1}
 _CONTENT = schema.text("Text to write (UTF-8).", max_length=CONTENT_MAX)
 

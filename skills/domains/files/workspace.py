@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from django.conf import settings
 
 from skills.base import SkillError
+from skills.validation import one_line_problem
 
 MAX_NAME_BYTES = 255  # what common file systems allow per name
 MAX_PATH_BYTES = 1024
@@ -48,6 +49,17 @@ def resolve(user, path: str, *, directory: bool = False) -> tuple[Path, Path]:
     if not directory and (target == root or path.endswith("/")):
         raise SkillError(f"path {path!r} names a directory, not a file")
     return root, target
+
+
+def workspace_use(root: Path) -> tuple[int, int]:
+    """(files and folders, bytes of the files) in the workspace, links not followed."""
+    entries = used = 0
+    for folder, folders, files in os.walk(root):
+        entries += len(folders) + len(files)
+        for name in files:
+            with suppress(FileNotFoundError):
+                used += os.lstat(os.path.join(folder, name)).st_size
+    return entries, used
 
 
 def relative(root: Path, target: Path) -> str:
@@ -124,8 +136,9 @@ def write_atomic(target: Path, data: bytes, *, shown: str) -> None:
 def _check_text(path: str) -> None:
     if "\x00" in path:
         raise SkillError("paths must not contain NUL bytes")
-    if any(ord(char) < 32 for char in path):
-        raise SkillError("paths must not contain control characters")
+    problem = one_line_problem(path)
+    if problem:
+        raise SkillError(f"paths must not contain control characters or line breaks ({problem})")
     try:
         encoded = path.encode()
     except UnicodeEncodeError:

@@ -7,11 +7,13 @@ from skills.domains import schema
 from skills.domains.common import iso
 from skills.domains.memory.models import TEXT_MAX, Memory
 from skills.domains.memory.search import query_terms, ranked
+from skills.quotas import rows_reserve
 
 MAX_TAGS = 10
 
 
 def memory_save(user, *, text: str, tags: list[str] = ()) -> dict:
+    rows_reserve(user=user, domain="memory")
     memory = Memory.objects.create(
         owner=user, text=text, tags=list(dict.fromkeys(tag.lower() for tag in tags))
     )

@@ -8,6 +8,7 @@ from django.utils import timezone
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.common import iso, owned, parse_date
+from skills.quotas import rows_reserve
 from skills.domains.tasks.models import NOTES_MAX, TITLE_MAX, Task
 
 SEARCH_LIMIT_MAX = 50
@@ -36,9 +37,9 @@ def task_search(
     elif overdue is False:
         tasks = tasks.exclude(late)
     if due_after:
-        tasks = tasks.filter(due__gte=parse_date(due_after))
+        tasks = tasks.filter(due__gte=parse_date(due_after, field="due_after"))
     if due_before:
-        tasks = tasks.filter(due__lte=parse_date(due_before))
+        tasks = tasks.filter(due__lte=parse_date(due_before, field="due_before"))
     return {
         "tasks": [_data(task, today) for task in tasks[:limit]],
         "total": tasks.count(),
@@ -46,7 +47,8 @@ def task_search(
 
 
 def task_create(user, *, title: str, notes: str = "", due: str | None = None) -> dict:
-    task = Task.objects.create(owner=user, title=title, notes=notes, due=parse_date(due))
+    rows_reserve(user=user, domain="tasks")
+    task = Task.objects.create(owner=user, title=title, notes=notes, due=parse_date(due, field="due"))
     return {"task": _data(task)}
 
 
@@ -59,7 +61,7 @@ def task_update(user, *, task_id: int, title=_UNSET, notes=_UNSET, due=_UNSET) -
     if notes is not _UNSET:
         task.notes = notes
     if due is not _UNSET:
-        task.due = parse_date(due)
+        task.due = parse_date(due, field="due")
     task.save()
     return {"task": _data(task)}
 
