@@ -46,7 +46,9 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
         raise TurnRefused(f"The message cannot be stored: {problem}.")
     try:
         with transaction.atomic():
-            conversation = Conversation.objects.select_for_update(no_key=True).get(pk=conversation.pk)
+            conversation = Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).first()
+            if conversation is None:  # its owner deleted it after the page loaded it
+                raise TurnRefused("This conversation has been deleted.")
             if conversation.turns.filter(status__in=ACTIVE_TURN_STATUSES).exists():
                 raise TurnRefused(_BUSY)
             number = (conversation.turns.aggregate(n=Max("number"))["n"] or 0) + 1

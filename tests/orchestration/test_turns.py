@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestration.models import Conversation
 from orchestration.turns import conversation_title, turn_start
 from tests.factories import conversation_for
 
@@ -71,3 +72,15 @@ def test_offline_dispatches_name_the_planner_as_their_model(run_turn, settings):
     turn = run_turn("add a task: renew passport")
     assert set(turn.dispatches.values_list("model", flat=True)) == {"offline-planner"}
     assert set(turn.llm_calls.values_list("model", flat=True)) == {"offline-planner"}
+
+
+@pytest.mark.django_db
+def test_a_message_to_a_conversation_deleted_meanwhile_is_refused_not_a_crash(alice):
+    """The page loaded the conversation, then its owner deleted it in another tab."""
+    from orchestration.retention import conversation_delete
+    from orchestration.turns import TurnRefused
+
+    conversation = conversation_for(alice)
+    conversation_delete(conversation=Conversation.objects.get(pk=conversation.pk), user=alice)
+    with pytest.raises(TurnRefused, match="has been deleted"):
+        turn_start(conversation=conversation, text="Hello?")
