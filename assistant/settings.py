@@ -291,25 +291,18 @@ ASSISTANT_SOCKET_POLL_SECONDS = env_float("ASSISTANT_SOCKET_POLL_SECONDS", 0.25 
                                           minimum=0.01)
 # Sizes in characters (orchestration/output.py): the answer stored as the chat message (the
 # model's whole response stays in the turn's stored LLM call, for the audit), any text run
-# through markdown for a page, and each value of an event's payload table. Past the cap a
-# text ends with "…(truncated, N characters)".
+# through markdown for a page (keep it at least answer_chars), and each value of an
+# event's payload table (at least SKILLS_MAX_ARGUMENT_BYTES: an approval prompt shows a
+# call's arguments whole). Past the cap a text ends with "…(truncated, N characters)".
 ASSISTANT_OUTPUT_LIMITS = {
     "answer_chars": env_int("ASSISTANT_MAX_ANSWER_CHARS", 100_000, minimum=100),
     "rendered_chars": env_int("ASSISTANT_MAX_RENDERED_CHARS", 100_000, minimum=100),
-    "payload_value_chars": env_int("ASSISTANT_MAX_PAYLOAD_VALUE_CHARS", 10_000, minimum=100),
+    "payload_value_chars": env_int("ASSISTANT_MAX_PAYLOAD_VALUE_CHARS", 64_000, minimum=100),
 }
 # Each process keeps the HTML of the markdown it rendered (keyed by the text's hash and
-# the renderer's version), so a page view does not run markdown and nh3 again.
-ASSISTANT_RENDERED_CACHE_ENTRIES = env_int("ASSISTANT_RENDERED_CACHE_ENTRIES", 2000, minimum=1)
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "rendered": {
-        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-        "LOCATION": "rendered-markdown",
-        "TIMEOUT": None,
-        "OPTIONS": {"MAX_ENTRIES": ASSISTANT_RENDERED_CACHE_ENTRIES},
-    },
-}
+# the renderer's version), up to this many characters of HTML in all, so a page view does
+# not run markdown and nh3 again over an answer already shown.
+ASSISTANT_RENDERED_CACHE_CHARS = env_int("ASSISTANT_RENDERED_CACHE_CHARS", 20_000_000, minimum=0)
 
 LOGGING = {
     "version": 1,
