@@ -286,7 +286,7 @@ ASSISTANT_SOCKETS_PER_USER = env_int("ASSISTANT_SOCKETS_PER_USER", 30, minimum=1
 ASSISTANT_SOCKETS_PER_CONVERSATION = env_int("ASSISTANT_SOCKETS_PER_CONVERSATION", 10, minimum=1)
 # How often a conversation's one poller reads the event log: often without Redis (it is
 # how workers' events reach the page), rarely with it (a safety net under the group
-# messages). Empty: 0.25 s without Redis, 5 s with it.
+# messages). Unset: 0.25 s without Redis, 5 s with it.
 ASSISTANT_SOCKET_POLL_SECONDS = env_float("ASSISTANT_SOCKET_POLL_SECONDS", 0.25 if not REDIS_URL else 5.0,
                                           minimum=0.01)
 # Sizes in characters (orchestration/output.py): the answer stored as the chat message (the
@@ -299,6 +299,9 @@ ASSISTANT_OUTPUT_LIMITS = {
     "rendered_chars": env_int("ASSISTANT_MAX_RENDERED_CHARS", 100_000, minimum=100),
     "payload_value_chars": env_int("ASSISTANT_MAX_PAYLOAD_VALUE_CHARS", 64_000, minimum=100),
 }
+if ASSISTANT_OUTPUT_LIMITS["rendered_chars"] < ASSISTANT_OUTPUT_LIMITS["answer_chars"]:
+    raise ImproperlyConfigured("ASSISTANT_MAX_RENDERED_CHARS must be at least ASSISTANT_MAX_ANSWER_CHARS, "
+                               "or a stored answer's own truncation note would be cut off.")
 # Each process keeps the HTML of the markdown it rendered (keyed by the text's hash and
 # the renderer's version), up to this many characters of HTML in all, so a page view does
 # not run markdown and nh3 again over an answer already shown.

@@ -102,3 +102,12 @@ def test_a_draft_is_rendered_each_time_and_not_kept(settings):
     before = len(rendering._cache())
     rendering.render_markdown("a draft being written", cached=False)
     assert len(rendering._cache()) == before
+
+
+def test_the_caps_come_from_the_environment_and_nonsense_stops_the_start():
+    from tests.test_settings import run_settings
+
+    assert run_settings({"ASSISTANT_MAX_ANSWER_CHARS": "500", "ASSISTANT_MAX_RENDERED_CHARS": "600"}).returncode == 0
+    refused = run_settings({"ASSISTANT_MAX_ANSWER_CHARS": "5000", "ASSISTANT_MAX_RENDERED_CHARS": "600"})
+    assert refused.returncode != 0 and "at least ASSISTANT_MAX_ANSWER_CHARS" in refused.stderr
+    assert "not an integer" in run_settings({"ASSISTANT_SOCKETS_PER_USER": "many"}).stderr
