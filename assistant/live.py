@@ -52,7 +52,7 @@ class _Seen:
         """(id, *fields) of the events not read yet, one light query that also moves the floor."""
         settled = timezone.now() - timedelta(seconds=SETTLE_SECONDS)
         rows = list(Event.objects.filter(conversation_id=conversation_id, id__gt=self.floor)
-                    .values_list("id", "created_at", *fields))
+                    .order_by("id").values_list("id", "created_at", *fields))
         new = [(row[0], *row[2:]) for row in rows if row[0] not in self.sent]
         self.sent.update(row[0] for row in new)
         older = [row[0] for row in rows if row[1] < settled]
