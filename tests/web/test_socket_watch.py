@@ -158,3 +158,28 @@ async def test_a_socket_over_the_conversations_cap_is_closed_4429(alice, setting
     for comm in [*allowed, elsewhere]:
         await comm.disconnect()
     assert not watch.registry().watches and not watch.registry().per_user
+
+
+@pytest.mark.postgres
+async def test_an_event_that_commits_late_reaches_every_socket_through_the_poller(alice, settings):
+    """PostgreSQL takes ids at insert: `late` gets the smaller id but commits after `early`
+    was polled and sent. The one poller still notices it and each socket's own cursor
+    sends it, once — with no group message for either (as from another process without
+    Redis)."""
+    from tests.web.test_consumer import LateCommit
+
+    settings.ASSISTANT_SOCKET_POLL_SECONDS = 0.02
+    conversation, turn, _ = await database_sync_to_async(started)(alice)
+    sockets = [communicator(conversation.pk, alice) for _ in range(3)]
+    await opened(sockets)
+    with LateCommit(conversation, turn) as late:
+        early = await database_sync_to_async(Event.objects.create)(
+            conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="early")
+        for comm in sockets:
+            assert EVENT_ID.findall(await comm.receive_from(timeout=5)) == [str(early.pk)]
+    assert late["event"].pk < early.pk
+    for comm in sockets:
+        assert EVENT_ID.findall(await comm.receive_from(timeout=5)) == [str(late["event"].pk)]
+        assert await comm.receive_nothing(timeout=0.2)
+    for comm in sockets:
+        await comm.disconnect()
