@@ -1,4 +1,5 @@
-"""ASGI entry point served by daphne: HTTP through Django, WebSockets through Channels."""
+"""ASGI entry point served by daphne: HTTP through Django, WebSockets through Channels
+(from this site's own pages only: assistant/origins.py)."""
 
 import os
 
@@ -9,14 +10,14 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from assistant.origins import SameOriginValidator  # noqa: E402
 from assistant.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
+        "websocket": SameOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
     }

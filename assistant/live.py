@@ -29,6 +29,8 @@ from orchestration.waterfall import turn_waterfall
 # ids are only considered final once they are this old.
 SETTLE_SECONDS = 5
 
+NEWEST = 2**63 - 1  # an id above every event's: `replay_floor` up to it is the newest settled one
+
 PANEL_EVENT_PREFIXES = ("turn.", "limit.", "agent.", "orchestrator.", "skill.")
 
 
@@ -37,12 +39,34 @@ TURN_RUNS = ("turn.started", "turn.resumed")
 TURN_RESTS = ("turn.completed", "turn.failed", "turn.stopped", "turn.paused")
 
 
-class Cursor:
+class _Seen:
+    """The ids of a conversation's events already read: a floor (everything at or below
+    it) and the ids above it. Ids only settle after SETTLE_SECONDS (an event with a
+    smaller id can still commit), so the floor only rises past settled ones."""
+
+    def __init__(self, floor: int):
+        self.floor = floor
+        self.sent: set[int] = set()
+
+    def unseen(self, conversation_id: int, *fields: str) -> list[tuple]:
+        """(id, *fields) of the events not read yet, one light query that also moves the floor."""
+        settled = timezone.now() - timedelta(seconds=SETTLE_SECONDS)
+        rows = list(Event.objects.filter(conversation_id=conversation_id, id__gt=self.floor)
+                    .order_by("id").values_list("id", "created_at", *fields))
+        new = [(row[0], *row[2:]) for row in rows if row[0] not in self.sent]
+        self.sent.update(row[0] for row in new)
+        older = [row[0] for row in rows if row[1] < settled]
+        if older:  # all read by now: everything at or below the newest settled id is done
+            self.floor = max(older)
+            self.sent = {pk for pk in self.sent if pk > self.floor}
+        return new
+
+
+class Cursor(_Seen):
     """Where one socket is in the conversation's event log, and in the streamed answer."""
 
     def __init__(self, floor: int, *, turn_running: bool = False):
-        self.floor = floor  # everything at or below has been sent (or is in the page)
-        self.sent: set[int] = set()
+        super().__init__(floor)  # everything at or below has been sent (or is in the page)
         # While a turn runs the socket also reads its answer draft; the draft it sent last
         # (None: the page's, unknown — sent again once, which does no harm).
         self.turn_running = turn_running
@@ -52,20 +76,47 @@ class Cursor:
         """The events not sent yet, in id order. Ids and times first (a light query that
         also moves the floor), whole rows only for what is new: during a busy turn every
         read would otherwise load again each event of the last SETTLE_SECONDS."""
-        settled = timezone.now() - timedelta(seconds=SETTLE_SECONDS)
-        seen = list(Event.objects.filter(conversation_id=conversation_id, id__gt=self.floor)
-                    .values_list("id", "created_at"))
-        new_ids = [pk for pk, _ in seen if pk not in self.sent]
+        new_ids = [pk for (pk,) in self.unseen(conversation_id)]
         events = list(Event.objects.for_timeline().filter(pk__in=new_ids).order_by("id")) if new_ids else []
-        self.sent.update(new_ids)
-        older = [pk for pk, created_at in seen if created_at < settled]
-        if older:  # all sent by now: everything at or below the newest settled id is done
-            self.floor = max(older)
-            self.sent = {pk for pk in self.sent if pk > self.floor}
         for event in events:
             if event.type in TURN_RUNS or event.type in TURN_RESTS:
                 self.turn_running = event.type in TURN_RUNS
         return events
+
+
+class Probe(_Seen):
+    """What a conversation's one poller (assistant/watch.py) reads: enough to tell that
+    something changed since its last read (an event, or the running turn's answer
+    draft), never what. Each socket then reads what it has not sent from its own cursor.
+
+    The first read reports a change whatever it finds: a socket that joined the watch
+    read its catch-up before the probe's first read, and an event committed in between
+    is already below what that read calls new."""
+
+    def __init__(self, conversation_id: int):
+        super().__init__(floor=0)
+        self.conversation_id = conversation_id
+        self.first = True
+        self.turn_running: bool | None = None
+        self.draft: str | None = None
+
+    def changed(self) -> bool:
+        if self.first:
+            self.floor = replay_floor(self.conversation_id, NEWEST)
+            self.sent = set()
+        new = self.unseen(self.conversation_id, "type")
+        for _, type_ in new:
+            if type_ in TURN_RUNS or type_ in TURN_RESTS:
+                self.turn_running = type_ in TURN_RUNS
+        if self.turn_running is None:
+            self.turn_running = turn_running(self.conversation_id)
+        draft_changed = False
+        if self.turn_running:
+            draft = (Turn.objects.filter(conversation_id=self.conversation_id, status=TurnStatus.RUNNING)
+                     .values_list("answer_draft", flat=True).first())
+            draft_changed, self.draft = draft != self.draft, draft
+        first, self.first = self.first, False
+        return first or bool(new) or draft_changed
 
 
 def turn_running(conversation_id: int) -> bool:

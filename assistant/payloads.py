@@ -3,7 +3,9 @@
 Scalars read as words (yes/no, a dash for nothing), nested values as indented JSON,
 sizes in bytes as "1.2 KB". A skill call's arguments get the rows a person looks for
 first: an email's To, Subject and Body; a file's path and size. Every value is
-escaped (format_html): payloads carry model output.
+escaped (format_html): payloads carry model output. And every value is cut at
+ASSISTANT_OUTPUT_LIMITS["payload_value_chars"] with a note of how much was left out: a
+file's content or an email's body can be a megabyte, and the table is for reading.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
+
+from orchestration.output import output_limit, text_bounded
 
 EMAIL_ROWS = (("to", "To"), ("subject", "Subject"), ("body", "Body"))
 
@@ -46,7 +50,7 @@ def _skill_rows(skill: str, arguments: dict) -> list[tuple[str, SafeString]]:
                 rows.append((label, _value(key, value)))
                 shown.add(key)
     elif skill.startswith("files.") and "path" in arguments:
-        rows.append(("Path", format_html("<code>{}</code>", arguments["path"])))
+        rows.append(("Path", format_html("<code>{}</code>", _bounded(str(arguments["path"])))))
         shown.add("path")
         content = arguments.get("content")
         if isinstance(content, str):
@@ -73,8 +77,12 @@ def _value(key, value) -> SafeString:
 
 
 def _text(text: str) -> SafeString:
-    return format_html('<span class="text">{}</span>', text)
+    return format_html('<span class="text">{}</span>', _bounded(text))
 
 
 def _json(value) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return _bounded(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+
+
+def _bounded(text: str) -> str:
+    return text_bounded(text, limit=output_limit("payload_value_chars"))

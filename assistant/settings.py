@@ -368,6 +368,34 @@ ASSISTANT_APPROVAL_RULE_DAYS = env_int("ASSISTANT_APPROVAL_RULE_DAYS", 30, minim
 ASSISTANT_RETENTION_DAYS = env_int("ASSISTANT_RETENTION_DAYS", 90, minimum=1)
 ASSISTANT_PRUNE_BATCH_SIZE = env_int("ASSISTANT_PRUNE_BATCH_SIZE", 200, minimum=1)
 
+# Cheap sockets and bounded output (issue 18; README "Sockets and output size").
+# Live sockets one daphne process accepts per user and per conversation; one more is
+# closed with 4429 (assistant/watch.py). Each process counts its own sockets.
+ASSISTANT_SOCKETS_PER_USER = env_int("ASSISTANT_SOCKETS_PER_USER", 30, minimum=1)
+ASSISTANT_SOCKETS_PER_CONVERSATION = env_int("ASSISTANT_SOCKETS_PER_CONVERSATION", 10, minimum=1)
+# How often a conversation's one poller reads the event log: often without Redis (it is
+# how workers' events reach the page), rarely with it (a safety net under the group
+# messages). Unset: 0.25 s without Redis, 5 s with it.
+ASSISTANT_SOCKET_POLL_SECONDS = env_float("ASSISTANT_SOCKET_POLL_SECONDS", 0.25 if not REDIS_URL else 5.0,
+                                          minimum=0.01)
+# Sizes in characters (orchestration/output.py): the answer stored as the chat message (the
+# model's whole response stays in the turn's stored LLM call, for the audit), any text run
+# through markdown for a page (keep it at least answer_chars), and each value of an
+# event's payload table (at least SKILLS_MAX_ARGUMENT_BYTES: an approval prompt shows a
+# call's arguments whole). Past the cap a text ends with "…(truncated, N characters)".
+ASSISTANT_OUTPUT_LIMITS = {
+    "answer_chars": env_int("ASSISTANT_MAX_ANSWER_CHARS", 100_000, minimum=100),
+    "rendered_chars": env_int("ASSISTANT_MAX_RENDERED_CHARS", 100_000, minimum=100),
+    "payload_value_chars": env_int("ASSISTANT_MAX_PAYLOAD_VALUE_CHARS", 64_000, minimum=100),
+}
+if ASSISTANT_OUTPUT_LIMITS["rendered_chars"] < ASSISTANT_OUTPUT_LIMITS["answer_chars"]:
+    raise ImproperlyConfigured("ASSISTANT_MAX_RENDERED_CHARS must be at least ASSISTANT_MAX_ANSWER_CHARS, "
+                               "or a stored answer's own truncation note would be cut off.")
+# Each process keeps the HTML of the markdown it rendered (keyed by the text's hash and
+# the renderer's version), up to this many characters of HTML in all, so a page view does
+# not run markdown and nh3 again over an answer already shown.
+ASSISTANT_RENDERED_CACHE_CHARS = env_int("ASSISTANT_RENDERED_CACHE_CHARS", 20_000_000, minimum=0)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -114,9 +114,9 @@ class Daphne(ManagedProcess):
         self.url = url
 
     @classmethod
-    def start(cls, *, env: dict[str, str], log_path: Path, port: int = 0) -> Daphne:
+    def start(cls, *, env: dict[str, str], log_path: Path, port: int = 0, code: Path | None = None) -> Daphne:
         """On `port` (0: a free one; a restart takes its old one again), its output
-        appended to `log_path`."""
+        appended to `log_path`; `code`: another checkout's code (a benchmark's "before")."""
         environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "assistant.settings", "PYTHONUNBUFFERED": "1",
                        "DATABASE_URL": database_url(), **env}
         with socket.create_server(("127.0.0.1", port), backlog=512) as listener, open(log_path, "ab") as log:
@@ -124,7 +124,7 @@ class Daphne(ManagedProcess):
             process = subprocess.Popen(
                 [str(Path(sys.executable).with_name("daphne")), "--fd", str(listener.fileno()),
                  "assistant.asgi:application"],
-                cwd=settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
+                cwd=code or settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=[listener.fileno()],
             )
         return cls(process, log_path, f"http://127.0.0.1:{port}")

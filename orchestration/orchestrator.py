@@ -34,6 +34,7 @@ from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
+from orchestration.output import output_limit, text_bounded
 from orchestration.pauses import turn_pause
 from orchestration.pricing import call_cost
 from orchestration.prompts import orchestrator_system_prompt, user_local_time
@@ -254,8 +255,9 @@ def _record(request: _Request, token: str, response: LLMResponse, duration_ms: i
         llm_iterations=F("llm_iterations") + 1, answer_draft="",  # the draft is a message now
         **{k: F(k) + v for k, v in _usage(response).items()},
     )
-    message_append(
-        turn=turn, role=Message.Role.ASSISTANT, content=response.content,
+    message_append(  # the whole response is in the LLMCall above; the chat keeps a bounded copy
+        turn=turn, role=Message.Role.ASSISTANT,
+        content=text_bounded(response.content, limit=output_limit("answer_chars")),
         tool_calls=[tool_call_message(call) for call in calls],
     )
     problem = _response_problem(response, calls)

@@ -19,7 +19,8 @@ from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.db import transaction
 
-from assistant import consumers, live
+from assistant import live, watch
+from assistant.consumers import FORBIDDEN
 from assistant.routing import websocket_urlpatterns
 from orchestration.events import event_record
 from orchestration.models import Event
@@ -58,7 +59,7 @@ async def test_a_burst_of_events_is_read_a_few_times_not_once_per_event(started,
         return events
 
     monkeypatch.setattr(live.Cursor, "new_events", counted)
-    monkeypatch.setattr(consumers, "poll_interval", lambda: 60.0)  # count the announcements' reads only
+    monkeypatch.setattr(watch, "poll_interval", lambda: 60.0)  # count the announcements' reads only
     comm = communicator(conversation.pk, alice, last=first.pk)
     assert (await comm.connect())[0]
     await comm.receive_from()  # `first` again: it has not settled (assistant/live.py resume_floor)
@@ -202,7 +203,7 @@ async def test_another_users_socket_gets_no_draft(started, bob):
     await database_sync_to_async(save_draft)(turn, "secret plans")
     comm = communicator(conversation.pk, bob)
     await comm.connect()
-    assert await comm.receive_output(timeout=3) == {"type": "websocket.close", "code": consumers.FORBIDDEN}
+    assert await comm.receive_output(timeout=3) == {"type": "websocket.close", "code": FORBIDDEN}
 
 
 def test_a_draft_of_a_stopped_or_taken_over_turn_is_not_written(started):

@@ -4,6 +4,7 @@ from django.utils.safestring import mark_safe
 from assistant.payloads import render_payload
 from assistant.rendering import render_markdown
 from orchestration.approvals import clearance_words
+from orchestration.output import output_limit, text_bounded
 from orchestration.selectors import state_words
 from orchestration.usage import Spend
 
@@ -16,6 +17,20 @@ def markdown(text: str) -> str:
     # bandit B308/B703 (mark_safe): the HTML is nh3's output from an allow-list of tags,
     # attributes and URL schemes, tested in tests/web/test_rendering.py.
     return mark_safe(render_markdown(text))  # noqa: S308  # nosec
+
+
+@register.filter
+def markdown_draft(text: str) -> str:
+    """The same for a streaming answer's draft: rendered each time, not kept (each
+    snapshot is seen once, and would push the stored answers out of the cache)."""
+    return mark_safe(render_markdown(text, cached=False))  # noqa: S308  # nosec - as `markdown`
+
+
+@register.filter
+def bounded(text) -> str:
+    """Plain text shown whole on a page (a skill's result, an email's body), cut at the
+    payload value cap with the note saying how much was left out. Escaped as usual."""
+    return text_bounded(str(text), limit=output_limit("payload_value_chars"))
 
 
 def _spend(value) -> Spend:

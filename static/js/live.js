@@ -102,3 +102,28 @@ document.addEventListener("htmx:oobBeforeSwap", function (evt) {
     return create(parsed.href);
   };
 })();
+
+// The server closes a socket it will not serve with an application code (assistant/
+// consumers.py). htmx's ws extension reconnects only after abnormal closes (1006, 1011-
+// 1013), so these end live updates for good: say so on the page, once, instead of
+// leaving it silently stale.
+(function () {
+  var CLOSED = {
+    4403: "Live updates are off: this conversation is not yours, or you have been signed out. Reload the page after signing in.",
+    4429: "Live updates are off: too many live pages are open for your account or this conversation. Close some tabs or windows, then reload this page."
+  };
+  document.addEventListener("htmx:wsClose", function (evt) {
+    var code = evt.detail && evt.detail.event && evt.detail.event.code;
+    if (!CLOSED[code] || document.getElementById("live-closed")) return;
+    var note = document.createElement("p");
+    note.id = "live-closed";
+    note.className = "notice warning";
+    note.setAttribute("role", "alert");
+    note.dataset.code = code;
+    note.textContent = CLOSED[code];
+    var chat = document.querySelector("#live .chat") || document.getElementById("live");
+    var title = chat && chat.querySelector(".row");
+    if (title) title.after(note);
+    else if (chat) chat.prepend(note);
+  });
+})();
