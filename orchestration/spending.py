@@ -170,13 +170,16 @@ def _take(user, periods: tuple[Period, ...], caps: Caps, tokens: int, cost: Deci
         room |= fits
     for first_try in (True, False):
         with transaction.atomic():
-            taken = SpendCounter.objects.filter(room, user_id=user.pk).update(
-                tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
-            if taken == len(periods):
-                return True
-            transaction.set_rollback(True)  # one period had room, another not: neither counts
-        if not first_try or _rows(user.pk, _starts(periods)).count() == len(periods):
-            return False
+            present = _lock_in_order(user.pk, _starts(periods))
+            if present == len(periods):  # locked: the UPDATE's answer is the last word
+                taken = SpendCounter.objects.filter(room, user_id=user.pk).update(
+                    tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
+                if taken == len(periods):
+                    return True
+                transaction.set_rollback(True)  # one period had room, another not: neither counts
+                return False
+        if not first_try:
+            break
         for period in periods:  # the period's first call: make its row, then try again
             SpendCounter.objects.get_or_create(user_id=user.pk, period=period.name, starts_on=period.starts_on)
     return False
@@ -209,8 +212,20 @@ def spend_release(*, reservation: Reservation | None) -> None:
 
 def _adjust(reservation: Reservation, tokens: int, cost: Decimal) -> None:
     if tokens or cost:
-        _rows(reservation.user_id, reservation.starts).update(
-            tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
+        with transaction.atomic():
+            _lock_in_order(reservation.user_id, reservation.starts)
+            _rows(reservation.user_id, reservation.starts).update(
+                tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
+
+
+def _lock_in_order(user_id: int, starts: tuple[tuple[str, date], ...]) -> int:
+    """Lock the day's and the month's rows in primary-key order before one UPDATE
+    changes both. An UPDATE locks rows in the order its scan meets them, and each update
+    moves a row's new version elsewhere in the table, so two concurrent UPDATEs of the
+    same pair could meet them in opposite orders and deadlock (PostgreSQL did, at 100
+    agents in flight: tests/live/test_runner.py). SQLite serialises writers anyway.
+    Returns how many of the rows exist."""
+    return len(_rows(user_id, starts).select_for_update().order_by("pk").values_list("pk", flat=True))
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from benchmarks.llm_server import Agent, Plan, Reply, calls, text
 from orchestration.models import LLMCall, SpendAllowance, SpendCounter, TurnPause
 from orchestration.pauses import CONTINUES_SPENT, pause_question, turn_continue
 from orchestration.limits import LimitTripped
-from orchestration.spending import CAP_GRANT, call_estimate, periods_of, spend_reserve, spend_use
+from orchestration.llm.base import Usage
+from orchestration.spending import CAP_GRANT, call_estimate, periods_of, spend_reserve, spend_settle, spend_use
 from orchestration.turns import TurnRefused, turn_stop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -319,3 +320,35 @@ def test_racing_reservations_take_exactly_what_fits(alice, spend):
         thread.join()
     assert sorted(outcomes) == ["reserved"] * 5 + ["spend_cap"] * 5
     assert today_counter(alice).tokens == 5 * estimate
+
+
+def test_calls_reserving_and_settling_at_once_never_deadlock(alice, spend):
+    """Each reservation and each settlement changes the day's and the month's rows in one
+    statement; eight threads doing both over and over must neither deadlock (PostgreSQL
+    locks a statement's rows in scan order, which each update reshuffles) nor lose a
+    token. The allowance is wide: this is about the locks, not the cap."""
+    spend(tokens_per_day=10**9, tokens_per_month=10**9)
+    messages = [{"role": "user", "content": "x" * 300}]
+    rounds, workers = 25, 8
+    start = threading.Barrier(workers)
+    errors: list[BaseException] = []
+
+    def call_over_and_over():
+        try:
+            start.wait()
+            for _ in range(rounds):
+                reservation = spend_reserve(user=alice, model="unpriced", messages=messages, tools=[])
+                spend_settle(reservation=reservation, usage=Usage(prompt_tokens=90, completion_tokens=10), cost=None)
+        except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=call_over_and_over) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    used = {row.period: row.tokens for row in SpendCounter.objects.filter(user=alice)}
+    assert used == {"day": rounds * workers * 100, "month": rounds * workers * 100}
