@@ -29,6 +29,7 @@ from functools import partial
 
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
@@ -240,7 +241,8 @@ def user_delete(*, user) -> dict[str, int]:
     Their turns still running are not waited for: a worker that next touches one finds
     its rows gone and lets it go (a lost lease)."""
     workspace, user_id = workspace_root(user), user.pk
-    with retention_deleting():
+    with transaction.atomic(), retention_deleting():
+        _hold_still(user)
         _, removed = user.delete()
     # The login throttle (django-axes) keeps usernames as text, not as a key: its records
     # of this user's logins go too, or the name would outlive them.
@@ -250,6 +252,22 @@ def user_delete(*, user) -> dict[str, int]:
     # After the commit only: a rollback must not leave a user whose files are gone.
     transaction.on_commit(partial(shutil.rmtree, workspace, ignore_errors=True))
     return removed
+
+
+def _hold_still(user) -> None:
+    """Lock the user's rows that others point at, parents first, before Django collects
+    what to delete. A worker still running their turn inserts rows (a message, an event,
+    a model call) pointing at them; such an insert needs a key-share lock on its parent,
+    which these locks refuse until the deletion commits (the insert then fails and the
+    worker lets the turn go), and an insert already made is committed before they are
+    granted, so the collector sees it. Without them, a row inserted between the
+    collection and the DELETE broke the deletion on PostgreSQL with a foreign-key error.
+    SQLite runs one writer at a time, so there it changes nothing."""
+    get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+    for rows in (Conversation.objects.filter(owner=user), Turn.objects.filter(conversation__owner=user),
+                 AgentDispatch.objects.filter(turn__conversation__owner=user),
+                 SkillExecution.objects.filter(dispatch__turn__conversation__owner=user)):
+        list(rows.select_for_update(of=("self",)).order_by("pk").values_list("pk", flat=True))
 
 
 def deletion_preview(callable_, *args, **kwargs):

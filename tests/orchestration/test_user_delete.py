@@ -9,10 +9,13 @@ search and JSON columns are its own)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from axes.models import AccessAttempt
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.db import connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
@@ -130,3 +133,57 @@ def test_a_user_with_events_still_cannot_be_deleted_outside_the_service(run_turn
     with pytest.raises(ProtectedError):
         alice.delete()
     assert Event.objects.filter(conversation__owner=alice).exists()
+
+
+@pytest.mark.postgres
+def test_a_worker_committing_mid_deletion_cannot_break_it(alice, monkeypatch):
+    """A worker still running alice's turn commits a message while a superuser deletes
+    her, after Django collected what to delete and before the DELETE: the deletion must
+    still succeed and leave nothing, and the worker's late row is refused instead (its
+    foreign keys are checked at its commit, against the locked turn)."""
+    from django.db.models.deletion import Collector
+
+    from orchestration.models import Message
+    from orchestration.retention import user_delete
+
+    turn = turn_for(conversation_for(alice))
+    collected, outcome = threading.Event(), {}
+    worker_done = threading.Event()
+    collector_delete = Collector.delete
+
+    def delete_after_the_worker_tried(self):
+        collected.set()
+        worker_done.wait(3)  # with the locks the worker's commit waits for this deletion
+        return collector_delete(self)
+
+    monkeypatch.setattr(Collector, "delete", delete_after_the_worker_tried)
+
+    def worker():
+        try:
+            with transaction.atomic():
+                Message.objects.create(conversation=turn.conversation, turn=turn, seq=1, role="assistant",
+                                       content="late")
+                assert collected.wait(10)
+            outcome["worker"] = "committed"
+        except Exception as exc:  # noqa: BLE001 - the expected refusal, checked below
+            outcome["worker"] = type(exc).__name__
+        finally:
+            worker_done.set()
+            connection.close()
+
+    def superuser():
+        try:
+            outcome["deleted"] = user_delete(user=alice)
+        except Exception as exc:  # noqa: BLE001 - reported below, in the test's thread
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker), threading.Thread(target=superuser)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["worker"] == "IntegrityError"
+    assert not Message.objects.exists() and not Turn.objects.exists()
