@@ -73,8 +73,9 @@ def test_a_hundred_agents_in_flight_on_one_default_qcluster(llm, qcluster, alice
         # Per worker: its runner's database threads and its main thread (measured: 9
         # each); then the sentinel, monitor, pusher and its LISTEN connection, this test
         # and its server threads, and a recycled worker's connections the server has not
-        # dropped yet: a handful, however many agents are in flight.
-        bound = settings.Q_WORKERS * (settings.ASSISTANT_RUNNER_DB_THREADS + 1) + 10
+        # dropped yet: a handful, however many agents are in flight (23 on a quiet
+        # machine; 29 seen on a busy CI run, hence a dozen).
+        bound = settings.Q_WORKERS * (settings.ASSISTANT_RUNNER_DB_THREADS + 1) + 12
         assert connections <= bound, (connections, bound)
     assert llm.errors == []
 
