@@ -241,7 +241,7 @@ def user_delete(*, user) -> dict[str, int]:
     Their turns still running are not waited for: a worker that next touches one finds
     its rows gone and lets it go (a lost lease)."""
     workspace, user_id = workspace_root(user), user.pk
-    with transaction.atomic(), retention_deleting():
+    with retention_deleting():
         _hold_still(user)
         _, removed = user.delete()
     # The login throttle (django-axes) keeps usernames as text, not as a key: its records
@@ -255,14 +255,14 @@ def user_delete(*, user) -> dict[str, int]:
 
 
 def _hold_still(user) -> None:
-    """Lock the user's rows that others point at, parents first, before Django collects
-    what to delete. A worker still running their turn inserts rows (a message, an event,
-    a model call) pointing at them; such an insert needs a key-share lock on its parent,
-    which these locks refuse until the deletion commits (the insert then fails and the
-    worker lets the turn go), and an insert already made is committed before they are
-    granted, so the collector sees it. Without them, a row inserted between the
-    collection and the DELETE broke the deletion on PostgreSQL with a foreign-key error.
-    SQLite runs one writer at a time, so there it changes nothing."""
+    """Lock the user's rows that others point at, before Django collects what to delete.
+    A worker still running their turn writes rows (a message, an event, a model call)
+    pointing at them, and PostgreSQL checks those foreign keys when the worker commits,
+    with a key-share lock on the parent: a row committed before these locks are granted
+    is collected with the rest, and one committing after waits for the deletion and then
+    fails its check (the worker lets the turn go). Without them, a row committed between
+    the collection and the DELETE broke the deletion with a foreign-key error. SQLite
+    runs one writer at a time, so there it changes nothing."""
     get_user_model().objects.select_for_update().filter(pk=user.pk).first()
     for rows in (Conversation.objects.filter(owner=user), Turn.objects.filter(conversation__owner=user),
                  AgentDispatch.objects.filter(turn__conversation__owner=user),

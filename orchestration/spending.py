@@ -4,10 +4,10 @@ Every model call, the orchestrator's and every sub-agent's, reserves its estimat
 the user's allowance *before* it is made, and settles to what the provider reported
 after (or gives the estimate back when the call failed). The allowance is counted in
 rows per user and period (SpendCounter: a day or a calendar month of the user's time
-zone), and a reservation is one conditional UPDATE of the day's and the month's rows
-(`WHERE tokens <= cap - estimate` for each), which the database applies one row lock
-at a time: N agents racing on as many workers for the last of a cap cannot all take
-it. A call is counted in both periods or in neither (one statement, one transaction).
+zone), and a reservation locks the day's and the month's rows in key order, then
+changes both with one conditional UPDATE (`WHERE tokens <= cap - estimate` for each):
+N agents racing on as many workers for the last of a cap cannot all take it, and a
+call is counted in both periods or in neither (one transaction).
 
 The estimate is the prompt's characters / SPEND_CHARS_PER_TOKEN (generous: English runs
 about four characters a token) plus SPEND_COMPLETION_RESERVE_TOKENS for the answer, and
@@ -153,8 +153,7 @@ def spend_reserve(*, user, model: str, messages: list[dict], tools: list[dict], 
     periods = periods_of(user)
     if not _take(user, periods, caps, tokens, cost):
         raise _trip(user, periods, caps, tokens, cost)
-    return Reservation(user_id=user.pk, starts=tuple((p.name, p.starts_on) for p in periods),
-                       tokens=tokens, cost_usd=cost)
+    return Reservation(user_id=user.pk, starts=_starts(periods), tokens=tokens, cost_usd=cost)
 
 
 def _take(user, periods: tuple[Period, ...], caps: Caps, tokens: int, cost: Decimal) -> bool:

@@ -1,3 +1,7 @@
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,16 +66,16 @@ def test_env_helpers_fail_loudly(monkeypatch):
         env_int("LIMIT_X", 3, minimum=1)
 
 
-def run_settings(env: dict) -> "subprocess.CompletedProcess":
-    import os
-    import subprocess
-    import sys
+# What the tests' own environment may set that would change the settings under test.
+UNSET = {"DEBUG", "SECRET_KEY", "TRUSTED_PROXY", "SECURE_HSTS_SECONDS", "SECURE_HSTS_PRELOAD"}
 
-    clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
-    return subprocess.run(
-        [sys.executable, "-c", "import assistant.settings as s; print(s.SECRET_KEY[:3], s.ASSISTANT_LIMITS['turn_max_agents'])"],
-        env={**clean, **env}, capture_output=True, text=True, check=False,
-    )
+
+def run_settings(env: dict, code: str = "import assistant.settings as s; "
+                 "print(s.SECRET_KEY[:3], s.ASSISTANT_LIMITS['turn_max_agents'])") -> subprocess.CompletedProcess:
+    """assistant/settings.py loaded in a fresh interpreter under `env`, running `code`."""
+    clean = {k: v for k, v in os.environ.items() if k not in UNSET}
+    return subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                          check=False)
 
 
 def test_production_refuses_to_start_without_secret_key():
@@ -87,11 +91,6 @@ def test_limits_come_from_the_environment():
 
 
 def database_settings(argv: list[str], database_url: str) -> dict:
-    import json
-    import os
-    import subprocess
-    import sys
-
     code = ("import json, sys; sys.argv = %r; import assistant.settings as s; "
             "print(json.dumps(s.DATABASES['default'], default=str))" % argv)
     result = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DATABASE_URL": database_url},
@@ -114,17 +113,8 @@ def test_workers_keep_their_connection_and_web_processes_borrow_from_a_pool():
 
 def settings_values(env: dict, names: list[str]) -> dict:
     """`names` as assistant/settings.py sets them under `env` (None where it leaves one unset)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    clean = {k: v for k, v in os.environ.items()
-             if k not in {"DEBUG", "SECRET_KEY", "TRUSTED_PROXY", "SECURE_HSTS_SECONDS", "SECURE_HSTS_PRELOAD"}}
-    code = ("import json; import assistant.settings as s; "
-            f"print(json.dumps({{n: getattr(s, n, None) for n in {names!r}}}, default=str))")
-    result = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
-                            check=False)
+    result = run_settings(env, "import json; import assistant.settings as s; "
+                               f"print(json.dumps({{n: getattr(s, n, None) for n in {names!r}}}, default=str))")
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -175,10 +165,6 @@ def test_weak_passwords_are_refused(db, password, why):
 
 
 def test_production_settings_pass_the_deploy_checks():
-    import os
-    import subprocess
-    import sys
-
     from django.conf import settings
 
     env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY", "SECURE_HSTS_SECONDS"}}

@@ -52,7 +52,7 @@ def user_rows(user) -> dict:
 def everything_of(run_turn, user) -> dict:
     """A real turn (messages, agents, skill calls, LLM calls, events, an email, a meeting),
     a paused turn with an approval its owner answered, and a row in every domain."""
-    turn = run_turn(EXAMPLE, user=user)
+    run_turn(EXAMPLE, user=user)
     paused = turn_for(conversation_for(user, title="Waiting"), status="completed")
     dispatch = dispatch_for(paused, "mailer", state="closed", outcome="completed")
     rule = SkillRule.objects.create(owner=user, skill="email.send", policy="allow")

@@ -12,28 +12,20 @@ import threading
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 from django.db import connection, transaction
 from django.test import Client
 
 from assistant import live
-from assistant.routing import websocket_urlpatterns
 from orchestration.events import event_record
 from orchestration.models import Event
 from tests.factories import conversation_for, turn_for
+from tests.sockets import communicator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-application = URLRouter(websocket_urlpatterns)
 
 
-def communicator(conversation_id: int, user=None, last: int | None = None) -> WebsocketCommunicator:
-    path = f"/ws/conversations/{conversation_id}/" + (f"?last={last}" if last is not None else "")
-    comm = WebsocketCommunicator(application, path)
-    comm.scope["user"] = user
-    comm.scope["url_route"] = {"kwargs": {"conversation_id": conversation_id}}
-    return comm
 
 
 class LateCommit:

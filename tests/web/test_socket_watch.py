@@ -7,29 +7,20 @@ The CPU figures (idle sockets before and after) are benchmarks/idle_sockets.py's
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 
 from assistant import live, watch
-from assistant.routing import websocket_urlpatterns
 from orchestration.models import Event
 from tests.factories import conversation_for, turn_for
+from tests.sockets import EVENT_ID, communicator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-application = URLRouter(websocket_urlpatterns)
-EVENT_ID = re.compile(r'id="event-(\d+)"')
 
 
-def communicator(conversation_id: int, user, last: int = 0) -> WebsocketCommunicator:
-    comm = WebsocketCommunicator(application, f"/ws/conversations/{conversation_id}/?last={last}")
-    comm.scope["user"] = user
-    comm.scope["url_route"] = {"kwargs": {"conversation_id": conversation_id}}
-    return comm
 
 
 class Counted:
