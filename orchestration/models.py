@@ -28,6 +28,11 @@ class Conversation(models.Model):
     title = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Outside content (text the owner did not write) that any agent of the conversation
+    # has read, and since when: the history carries it into every later turn, whose side
+    # effects therefore ask first (orchestration/approvals.py).
+    outside = models.JSONField(default=list, blank=True)
+    outside_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-updated_at", "-id"]
@@ -558,6 +563,10 @@ class SpendCounter(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="spend_counters")
     period = models.CharField(max_length=8, choices=Period.choices)
     starts_on = models.DateField()
+    # The period keeps the zone it started in, and ends when that zone's day (or month)
+    # ends: a time-zone change applies from the next period, so it cannot reset one.
+    time_zone = models.CharField(max_length=64, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)
     tokens = models.BigIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=16, decimal_places=10, default=0)
     updated_at = models.DateTimeField(auto_now=True)

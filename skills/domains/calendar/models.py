@@ -24,6 +24,9 @@ class CalendarEvent(models.Model):
     invitees = models.JSONField(default=list, blank=True)
     status = models.CharField(max_length=12, choices=Status.choices, default=Status.ACTIVE)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The outside content that had reached the agent that wrote this row (skills/context.py):
+    # reading the row back is outside content again. Empty for what the owner wrote.
+    provenance = models.JSONField(default=list, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -22,6 +22,9 @@ class Task(models.Model):
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN)
     due = models.DateField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The outside content that had reached the agent that wrote this row (skills/context.py):
+    # reading the row back is outside content again. Empty for what the owner wrote.
+    provenance = models.JSONField(default=list, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
