@@ -180,13 +180,18 @@ ASSISTANT_RATE_LIMITS = {
 ASSISTANT_RATE_WINDOW_SECONDS = env_int("RATE_WINDOW_SECONDS", 3600, minimum=1)
 
 # Login and admin login (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one
-# username from one IP address, or from one IP address for any usernames, that
-# combination (or address) is refused, even with the right password, for
-# LOGIN_COOLOFF_SECONDS; each attempt meanwhile starts the cool-off again. Not per
-# username alone: anyone could then lock a known user out from anywhere.
+# username from one IP address, that username is refused from that address, even with the
+# right password, for LOGIN_COOLOFF_SECONDS; after LOGIN_ADDRESS_FAILURE_LIMIT wrong
+# passwords from one address for any usernames, the whole address is. Each attempt
+# meanwhile starts the cool-off again. Not per username alone: anyone could then lock a
+# known user out from anywhere; and the address's limit is well above a user's, or the
+# people behind one office address would lock each other out (assistant/logins.py).
 AXES_ENABLED = env_bool("LOGIN_THROTTLE", True)
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_ADDRESS_FAILURE_LIMIT = env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 50, minimum=1)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_COOLOFF_SECONDS", 900, minimum=1))
+AXES_HANDLER = "assistant.logins.LoginThrottle"  # the two limits above
+# In this order: LoginThrottle reads the per-username count first, the per-address one second.
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
 # A success does not wipe the failures: it would let an attacker with an account of their
 # own reset their address's count between guesses at someone else's.

@@ -1,9 +1,10 @@
 """The login throttle (django-axes; assistant/logins.py): the site's login and the admin's.
 
 The abuse: 40 wrong passwords in 16 s met no throttle. Now, after LOGIN_FAILURE_LIMIT (5)
-failures for one username from one address, or from one address for any usernames, the
-next attempts from there get a 429 page with Retry-After, even with the right password,
-until the cool-off has passed; other users elsewhere log in as before.
+failures for one username from one address, or LOGIN_ADDRESS_FAILURE_LIMIT (well above it)
+from one address for any usernames, the next attempts from there get a 429 page with
+Retry-After, even with the right password, until the cool-off has passed; other users
+elsewhere log in as before, and so do colleagues behind the same office address.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ ELSEWHERE = "10.0.0.7"
 def throttle_on(settings):
     settings.AXES_ENABLED = True
     settings.AXES_FAILURE_LIMIT = 5
+    settings.LOGIN_ADDRESS_FAILURE_LIMIT = 12
     settings.AXES_COOLOFF_TIME = timedelta(minutes=15)
 
 
@@ -73,13 +75,31 @@ def test_forty_wrong_passwords_are_throttled_and_then_even_the_right_one_waits(a
     assert after.status_code == 302 and logged_in(client)
 
 
-def test_guessing_across_usernames_from_one_address_is_throttled_too(alice, bob):
-    for i, name in enumerate(["carol", "dave", "erin", "frank", "grace"]):
-        log_in(name, f"guess-{i}", ip=ATTACKER)
+def test_guessing_across_usernames_from_one_address_is_throttled_at_the_address_limit(alice, bob):
+    for i in range(11):  # one short of LOGIN_ADDRESS_FAILURE_LIMIT, one guess per name
+        log_in(f"user{i}", f"guess-{i}", ip=ATTACKER)
+    bob_client, bobs = log_in("bob", PASSWORD, ip=ATTACKER)
+    assert bobs.status_code == 302 and logged_in(bob_client)
+    log_in("user11", "guess-11", ip=ATTACKER)
     _, bobs = log_in("bob", PASSWORD, ip=ATTACKER)
     assert bobs.status_code == 429
     _, bobs_elsewhere = log_in("bob", PASSWORD, ip=ELSEWHERE)
     assert bobs_elsewhere.status_code == 302
+
+
+OFFICE = "203.0.113.10"
+
+
+def test_colleagues_behind_one_office_address_do_not_lock_each_other_out(alice, bob):
+    """Alice mistypes five times and is paused there; bob, at the next desk, is not."""
+    for i in range(5):
+        log_in("alice", f"typo-{i}", ip=OFFICE)
+    _, hers = log_in("alice", PASSWORD, ip=OFFICE)
+    assert hers.status_code == 429
+    for i in range(4):  # bob mistypes too, short of his own limit
+        log_in("bob", f"typo-{i}", ip=OFFICE)
+    bob_client, bobs = log_in("bob", PASSWORD, ip=OFFICE)
+    assert bobs.status_code == 302 and logged_in(bob_client)
 
 
 def test_the_admin_login_is_throttled(staff):
