@@ -423,3 +423,28 @@ def test_an_answer_when_nothing_waits_says_so(two_sends, alice):
     with pytest.raises(StaleAnswer, match="no question is waiting now") as refused:
         approval_answer(turn=turn, user=alice, approval_id=x.pk, digest=x.digest, approve=True)
     assert refused.value.waiting is None and mail.outbox == []
+
+
+def test_the_terminal_answers_the_approval_it_names_and_refuses_a_stale_id(llm, alice, bob, inline_tasks, capsys):
+    from django.core.management import CommandError, call_command
+
+    llm.respond = Plan([Agent("mailer", ["email.send"], [COLLEAGUE, OUTSIDER], per_call=2)])
+    call_command("ask", "mail the agenda", user="alice", sync=True)
+    x = SkillApproval.objects.get()
+    assert f"manage.py ask --user alice --approve {x.pk} (or --deny {x.pk})" in capsys.readouterr().out
+
+    call_command("ask", user="alice", approve=x.pk, sync=True)
+    y = SkillApproval.objects.get(decision="")
+    out = capsys.readouterr().out
+    assert f"**Approve?** (approval {y.pk}) mailer wants to run email.send" in out and "- to: drop@evil.test" in out
+    assert f"manage.py ask --user alice --approve {y.pk} (or --deny {y.pk})" in out
+    assert sent_to() == [["carol@example.com"]]
+
+    with pytest.raises(CommandError, match=rf"Approval {x.pk} was answered already: nothing was done .* "
+                                           rf"manage.py ask --user alice --approve {y.pk} \(or --deny {y.pk}\)"):
+        call_command("ask", user="alice", approve=x.pk, sync=True)
+    with pytest.raises(CommandError, match=f"bob has no approval {y.pk}"):
+        call_command("ask", user="bob", approve=y.pk, sync=True)
+    assert pending(y.turn) == y and sent_to() == [["carol@example.com"]]
+    call_command("ask", user="alice", deny=y.pk, sync=True)
+    assert SkillApproval.objects.get(pk=y.pk).decision == "denied" and sent_to() == [["carol@example.com"]]
