@@ -145,7 +145,7 @@ def approval_answer(*, turn: Turn, user, approval_id: int, digest: str | None, a
         if turn.conversation.owner_id != user.pk:
             raise TurnRefused("Only the conversation's owner can answer this.")
         approval = _waiting(turn)
-        _check_answered(approval, approval_id=approval_id, digest=digest)
+        _refuse_stale(approval, approval_id=approval_id, digest=digest)
         pause = approval.pause
         rule = _rule_for(approval, user) if approve and always and rule_offered(approval) else None
         decision = SkillApproval.Decision.APPROVED if approve else SkillApproval.Decision.DENIED
@@ -171,12 +171,12 @@ def _waiting(turn: Turn) -> SkillApproval | None:
             .filter(pause__turn=turn, pause__decision="", pause__limit=APPROVAL).first())
 
 
-def _check_answered(waiting: SkillApproval | None, *, approval_id: int, digest: str | None) -> None:
+def _refuse_stale(waiting: SkillApproval | None, *, approval_id: int, digest: str | None) -> None:
     """Refuse an answer that is not to `waiting`, the question open now, or not to the
     call it holds."""
     if waiting is None:
         raise StaleAnswer(f"Approval {approval_id} was answered already: nothing was done with this answer, "
-                          "and no question is waiting now.", waiting=None)
+                          "and no approval is waiting now.", waiting=None)
     if waiting.pk != approval_id:
         raise StaleAnswer(f"Approval {approval_id} was answered already: nothing was done with this answer. "
                           f"The question waiting now is approval {waiting.pk} "

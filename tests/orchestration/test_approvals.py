@@ -420,7 +420,7 @@ def test_an_answer_when_nothing_waits_says_so(two_sends, alice):
     answer(turn, alice, approve=False)
     turn.refresh_from_db()
     assert turn.status == "completed"
-    with pytest.raises(StaleAnswer, match="no question is waiting now") as refused:
+    with pytest.raises(StaleAnswer, match="no approval is waiting now") as refused:
         approval_answer(turn=turn, user=alice, approval_id=x.pk, digest=x.digest, approve=True)
     assert refused.value.waiting is None and mail.outbox == []
 

@@ -92,7 +92,7 @@ def test_an_answer_when_nothing_waits_gets_409_saying_so(alice_client, x_answere
     response = post(alice_client, y, how)
     assert response.status_code == 409
     page = response.content.decode()
-    assert "no question is waiting now" in page and 'id="approval-' not in page
+    assert "no approval is waiting now" in page and 'id="approval-' not in page
 
 
 @pytest.mark.parametrize("how", HOW)
