@@ -15,8 +15,8 @@ from django.urls import reverse
 
 from benchmarks.llm_server import Agent, Plan
 from orchestration.approvals import call_digest
-from orchestration.profiles import install_default_profiles
 from orchestration.models import Event, SkillApproval, Turn, TurnPause
+from orchestration.profiles import install_default_profiles
 from skills.models import SkillRule
 from tests.factories import conversation_for, dispatch_for, turn_for
 from tests.orchestration.conftest import inline_tasks, llm, run_turn  # noqa: F401 - fixtures
