@@ -1,5 +1,6 @@
 """The Approvals page's forms: each field checked by the same function its service
-applies (skills/rules.py, skills/egress.py), so an error shows next to its field."""
+applies (skills/rules.py, skills/egress.py), so an error shows next to its field; and
+the answer to an approval prompt."""
 
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ class EgressAllowForm(forms.Form):
 
     def clean_entry(self) -> str:
         return egress.allow_entry(self.cleaned_data["entry"])
+
+
+class ApprovalAnswerForm(forms.Form):
+    """An answer to an approval prompt, naming the question it answers: the approval's id
+    and the digest of the call shown (orchestration/approvals.py `approval_answer`)."""
+
+    ANSWERS = {"approve": (True, False), "always": (True, True), "deny": (False, False)}  # (approve, always)
+
+    answer = forms.ChoiceField(choices=[(answer, answer) for answer in ANSWERS])
+    approval = forms.IntegerField(min_value=1)
+    digest = forms.CharField(max_length=64)

@@ -11,7 +11,7 @@ from django.utils.html import escape
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from assistant.decorators import audited_conversation, owned_conversation
-from assistant.forms import EgressAllowForm, SkillRuleForm
+from assistant.forms import ApprovalAnswerForm, EgressAllowForm, SkillRuleForm
 from assistant.live import panel_context, replay_floor
 from assistant.preferences import InvalidTimeZone, preferences_time_zone_set, time_zone_names, user_time_zone
 from assistant.ratelimits import CONVERSATION, MESSAGE, RateLimited, rate_limited
@@ -86,11 +86,14 @@ def _composer_error(error, *, status: int) -> HttpResponse:
 @require_GET
 @owned_conversation
 def conversation_detail(request, conversation):
+    return render(request, "conversations/detail.html", _detail_context(conversation))
+
+
+def _detail_context(conversation) -> dict:
     timeline = list(selectors.timeline(conversation=conversation))
     last_event_id = timeline[-1].pk if timeline else 0
-    context = {**panel_context(conversation), "oob": False, "timeline": timeline,
-               "replay_from": replay_floor(conversation.pk, last_event_id)}
-    return render(request, "conversations/detail.html", context)
+    return {**panel_context(conversation), "oob": False, "timeline": timeline,
+            "replay_from": replay_floor(conversation.pk, last_event_id)}
 
 
 def _after_change(request, conversation, error: str = ""):
@@ -150,16 +153,30 @@ def turn_stop_view(request, conversation, turn_id: int):
 @require_POST
 @owned_conversation
 def approval_answer_view(request, conversation, turn_id: int):
-    """Approve (once, or "always" for a while) or deny the call the turn waits on."""
-    get_object_or_404(conversation.turns, pk=turn_id)
-    answer = request.POST.get("answer", "")
-    if answer not in ("approve", "always", "deny"):
-        return HttpResponseBadRequest("answer must be approve, always or deny")
+    """Approve (once, or "always" for a while) or deny the call the prompt showed, which
+    the form names (approval id, digest of the call): an answer to a question no longer
+    waiting gets 409 with the question that is, never lands on it."""
+    turn = get_object_or_404(conversation.turns, pk=turn_id)
+    form = ApprovalAnswerForm(request.POST)
+    if not form.is_valid():
+        return HttpResponseBadRequest("answer must be approve, always or deny, with the approval's id and digest")
+    approve, always = ApprovalAnswerForm.ANSWERS[form.cleaned_data["answer"]]
+    try:
+        approval_answer(turn=turn, user=request.user, approval_id=form.cleaned_data["approval"],
+                        digest=form.cleaned_data["digest"], approve=approve, always=always)
+    except (AlreadyAnswered, TurnRefused) as exc:
+        return _question_now(request, conversation, str(exc))
+    return _after_change(request, conversation)
 
-    def answer_it(*, turn, user):
-        approval_answer(turn=turn, user=user, approve=answer != "deny", always=answer == "always")
 
-    return _answer_turn(request, conversation, turn_id, answer_it)
+def _question_now(request, conversation, refusal: str):
+    """409 for an answer that was not applied, with the question waiting now (or none):
+    htmx swaps it over the prompt the answer came from, a plain form gets the page."""
+    if request.htmx:
+        context = {**panel_context(conversation, frozenset({"pause"})), "oob": False, "refusal": refusal}
+        return render(request, "conversations/detail.html#pause", context, status=409)
+    return render(request, "conversations/detail.html", {**_detail_context(conversation), "refusal": refusal},
+                  status=409)
 
 
 @require_http_methods(["GET", "POST"])

@@ -116,20 +116,37 @@ def _answer_for(dispatch: AgentDispatch, skill: str, arguments: dict) -> SkillAp
     return None
 
 
-def approval_answer(*, turn: Turn, user, approve: bool, always: bool = False) -> SkillApproval:
-    """The owner's answer to the open approval of `turn`: approve (once, or with `always`
-    a rule allowing the skill for ASSISTANT_APPROVAL_RULE_DAYS, to these recipients'
-    domain for a message) or deny; the turn resumes either way. Only the owner; once."""
+class StaleAnswer(AlreadyAnswered):
+    """An answer to a question that is not the one waiting: answered already, another
+    turn's, or a call other than the one the owner was shown. It is applied to nothing;
+    `waiting` is the approval the turn waits on now (None: no approval waits)."""
+
+    def __init__(self, message: str, *, waiting: SkillApproval | None):
+        super().__init__(message)
+        self.waiting = waiting
+
+
+def approval_answer(*, turn: Turn, user, approval_id: int, digest: str | None, approve: bool,
+                    always: bool = False) -> SkillApproval:
+    """The owner's answer to approval `approval_id` of `turn`: approve (once, or with
+    `always` a rule allowing the skill for ASSISTANT_APPROVAL_RULE_DAYS, to these
+    recipients' domain for a message) or deny; the turn resumes either way. Only the
+    owner; once.
+
+    The answer names the question it answers, and `digest` the call that was shown
+    (`call_digest`; None only from the terminal, which names a stored call by its id):
+    a second click, or a tab still showing an answered question, posts an answer that
+    is no longer the waiting one, and must not land on the call asked next (StaleAnswer).
+    """
     from orchestration.turns import TurnRefused
 
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn.pk)
         if turn.conversation.owner_id != user.pk:
             raise TurnRefused("Only the conversation's owner can answer this.")
-        pause = TurnPause.objects.filter(turn=turn, decision="", limit=APPROVAL).first()
-        if pause is None or turn.status != TurnStatus.PAUSED:
-            raise AlreadyAnswered("This question was already answered.")
-        approval = SkillApproval.objects.select_for_update().get(pause=pause)
+        approval = _waiting(turn)
+        _refuse_stale(approval, approval_id=approval_id, digest=digest)
+        pause = approval.pause
         rule = _rule_for(approval, user) if approve and always and rule_offered(approval) else None
         decision = SkillApproval.Decision.APPROVED if approve else SkillApproval.Decision.DENIED
         approval.decision, approval.decided_by, approval.decided_at, approval.rule = decision, user, timezone.now(), rule
@@ -144,6 +161,29 @@ def approval_answer(*, turn: Turn, user, approve: bool, always: bool = False) ->
         )
         turn_resume(turn=turn, pause=pause, user=user)
     return approval
+
+
+def _waiting(turn: Turn) -> SkillApproval | None:
+    """The approval `turn` waits on, locked; the caller holds the turn's lock."""
+    if turn.status != TurnStatus.PAUSED:
+        return None
+    return (SkillApproval.objects.select_for_update(of=("self",)).select_related("pause", "dispatch")
+            .filter(pause__turn=turn, pause__decision="", pause__limit=APPROVAL).first())
+
+
+def _refuse_stale(waiting: SkillApproval | None, *, approval_id: int, digest: str | None) -> None:
+    """Refuse an answer that is not to `waiting`, the question open now, or not to the
+    call it holds."""
+    if waiting is None:
+        raise StaleAnswer(f"Approval {approval_id} was answered already: nothing was done with this answer, "
+                          "and no approval is waiting now.", waiting=None)
+    if waiting.pk != approval_id:
+        raise StaleAnswer(f"Approval {approval_id} was answered already: nothing was done with this answer. "
+                          f"The question waiting now is approval {waiting.pk} "
+                          f"({waiting.dispatch.agent_id} asks to run {waiting.skill}).", waiting=waiting)
+    if digest is not None and digest != waiting.digest:
+        raise StaleAnswer(f"The call answered is not the call approval {approval_id} asks about: nothing was done "
+                          "with this answer.", waiting=waiting)
 
 
 def _domains(approval: SkillApproval) -> set[str]:
@@ -191,12 +231,13 @@ def clearance_words(clearance: dict, *, with_outside: bool = True) -> str:
     return words
 
 
-def approval_question(detail: dict) -> str:
-    """The approval prompt as text (manage.py ask prints it)."""
-    arguments = detail.get("arguments") or {}
-    lines = [f"**Approve?** {detail.get('agent', 'an agent')} wants to run {detail.get('skill')}. "
+def approval_question(approval: SkillApproval) -> str:
+    """The approval prompt as text (manage.py ask prints it), naming the approval by its
+    id: the terminal answers with it (`--approve ID`), as the page posts it."""
+    arguments = approval.arguments or {}
+    lines = [f"**Approve?** (approval {approval.pk}) {approval.dispatch.agent_id} wants to run {approval.skill}. "
              + "Nothing has been done yet."]
     lines += [f"- {key}: {value if not isinstance(value, list) else ', '.join(map(str, value))}"
               for key, value in arguments.items()]
-    lines += ["It asks because:"] + [f"- {reason}" for reason in detail.get("reasons", [])]
+    lines += ["It asks because:"] + [f"- {reason}" for reason in approval.reasons]
     return "\n".join(lines)

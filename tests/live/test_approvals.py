@@ -48,7 +48,7 @@ def test_an_approved_email_goes_out_once_though_the_worker_dies_running_it(llm, 
 
     flag, holding = mail.parent / hold, mail.parent / "holding"
     flag.touch()
-    approval_answer(turn=turn, user=alice, approve=True)
+    approval_answer(turn=turn, user=alice, approval_id=approval.pk, digest=approval.digest, approve=True)
     wait_for(holding.exists, timeout=60, what="the approved send to start", cluster=cluster)
     worker = int(holding.read_text())
     assert worker in cluster.descendants()

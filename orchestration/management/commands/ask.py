@@ -11,8 +11,8 @@ from django.utils import timezone
 from django_q.conf import Conf
 
 from orchestration.audit import turn_audit
-from orchestration.models import Conversation, Event, Turn, TurnStatus
-from orchestration.approvals import approval_answer, approval_question
+from orchestration.approvals import StaleAnswer, approval_answer, approval_question
+from orchestration.models import Conversation, Event, SkillApproval, Turn, TurnStatus
 from orchestration.pauses import APPROVAL, AlreadyAnswered, pause_question, turn_continue
 from orchestration.turns import TurnRefused, turn_start
 
@@ -26,24 +26,30 @@ class Command(BaseCommand):
         parser.add_argument("message", nargs="?", default="")
         parser.add_argument("--user", required=True, help="Username of the conversation's owner.")
         parser.add_argument("--conversation", type=int, help="Continue this conversation (default: a new one).")
-        parser.add_argument("--continue", dest="resume", action="store_true",
-                            help="Answer 'continue' to the paused turn of --conversation.")
-        parser.add_argument("--approve", dest="approval", action="store_const", const="approve",
-                            help="Approve the call the paused turn of --conversation asks about.")
-        parser.add_argument("--deny", dest="approval", action="store_const", const="deny",
-                            help="Deny the call the paused turn of --conversation asks about.")
+        answers = parser.add_mutually_exclusive_group()
+        answers.add_argument("--continue", dest="resume", action="store_true",
+                             help="Answer 'continue' to the paused turn of --conversation.")
+        answers.add_argument("--approve", type=int, metavar="ID",
+                             help="Approve the call approval ID asks about (a paused turn prints its id).")
+        answers.add_argument("--deny", type=int, metavar="ID", help="Deny the call approval ID asks about.")
         parser.add_argument("--sync", action="store_true", help="Run the tasks inline instead of on workers.")
         parser.add_argument("--json", action="store_true", help="Print the turn's audit tree as JSON.")
         parser.add_argument("--timeout", type=float, default=600, help="Seconds to wait for the workers.")
 
-    def handle(self, *args, message, user, conversation, resume, approval, sync, json, timeout, **options):
+    def handle(self, *args, message, user, conversation, resume, approve, deny, sync, json, timeout, **options):
         owner = get_user_model().objects.filter(username=user).first()
         if owner is None:
             raise CommandError(f"No user named {user!r}.")
         if sync:
             Conf.SYNC = True
         try:
-            turn = self._start(owner, message, conversation, resume or approval)
+            approval_id = approve if approve is not None else deny
+            if approval_id is not None:
+                turn = self._answer_approval(owner, approval_id, conversation, approve=approve is not None)
+            else:
+                turn = self._start(owner, message, conversation, resume)
+        except StaleAnswer as exc:
+            raise CommandError(" ".join(filter(None, [str(exc), _how_to_answer(user, exc.waiting)]))) from None
         except (TurnRefused, AlreadyAnswered) as exc:
             raise CommandError(str(exc)) from None
         with timezone.override(turn.time_zone or None):  # the times it prints: the user's
@@ -54,9 +60,9 @@ class Command(BaseCommand):
             return
         self.stdout.write(self.style.NOTICE(f"\nconversation {turn.conversation_id}, turn {turn.number}: {turn.status}"))
         if turn.status == TurnStatus.PAUSED:
-            asking = turn.pauses.filter(decision="", limit=APPROVAL).exists()
-            how = "--approve (or --deny)" if asking else "--continue"
-            self.stdout.write(f"Resume with: manage.py ask --user {user} --conversation {turn.conversation_id} {how}")
+            asking = SkillApproval.objects.filter(turn=turn, pause__decision="", pause__limit=APPROVAL).first()
+            self.stdout.write(_how_to_answer(user, asking) if asking else
+                              f"Resume with: manage.py ask --user {user} --conversation {turn.conversation_id} --continue")
         if turn.status == TurnStatus.FAILED:
             raise CommandError(turn.error)
 
@@ -73,14 +79,23 @@ class Command(BaseCommand):
             turn = conversation.turns.order_by("-number").first()
             if turn is None:
                 raise CommandError("This conversation has no turn to continue.")
-            if resume in ("approve", "deny"):
-                approval_answer(turn=turn, user=owner, approve=resume == "approve")
-                turn.refresh_from_db()
-                return turn
             return turn_continue(turn=turn, user=owner)
         if not message:
             raise CommandError("Say something: manage.py ask --user NAME \"message\".")
         return turn_start(conversation=conversation, text=message)
+
+    def _answer_approval(self, owner, approval_id: int, conversation_id: int | None, *, approve: bool) -> Turn:
+        """The owner's answer to approval `approval_id`, the one the paused turn printed:
+        to that call only, never to whatever is asked by the time this runs."""
+        approvals = SkillApproval.objects.filter(turn__conversation__owner=owner)
+        if conversation_id:
+            approvals = approvals.filter(turn__conversation_id=conversation_id)
+        approval = approvals.filter(pk=approval_id).first()
+        if approval is None:
+            raise CommandError(f"{owner} has no approval {approval_id}.")
+        # No digest: the id names a stored call, the one printed with it.
+        approval_answer(turn=approval.turn, user=owner, approval_id=approval.pk, digest=None, approve=approve)
+        return Turn.objects.get(pk=approval.turn_id)
 
     def _wait(self, turn: Turn, *, timeout: float, quiet: bool) -> Turn:
         """Follow the turn until it ends (or pauses): its events on stderr as progress, its
@@ -111,10 +126,17 @@ class Command(BaseCommand):
             time.sleep(0.2)
 
 
+def _how_to_answer(user: str, approval: SkillApproval | None) -> str:
+    if approval is None:
+        return ""
+    return (f"Answer approval {approval.pk} with: manage.py ask --user {user} --approve {approval.pk} "
+            f"(or --deny {approval.pk})")
+
+
 def _answer(turn: Turn) -> str:
     pause = turn.pauses.filter(decision="").first() if turn.status == TurnStatus.PAUSED else None
     if pause is not None and pause.limit == APPROVAL:
-        return approval_question(pause.detail)
+        return approval_question(pause.approval)
     if pause is not None:  # the chat keeps a one-line record; the question is the prompt's
         return pause_question(pause.limit, pause.detail)
     shown = turn.messages.filter(role__in=["assistant", "notice"], tool_calls=[]).exclude(content="").order_by("seq")
