@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from orchestration.models import SpendAllowance, SpendCounter
-from orchestration.spending import caps_for, periods_of
+from orchestration.models import SpendAllowance
+from orchestration.spending import caps_for
+from tests.factories import spent
 
 pytestmark = pytest.mark.django_db
 
@@ -16,9 +17,7 @@ LIST = "admin:orchestration_userspend_changelist"
 @pytest.fixture
 def alice_spent(alice, settings):
     settings.ASSISTANT_SPEND = {**settings.ASSISTANT_SPEND, "tokens_per_day": 10_000, "tokens_per_month": 0}
-    day, month = periods_of(alice)
-    SpendCounter.objects.create(user=alice, period="day", starts_on=day.starts_on, tokens=1234)
-    SpendCounter.objects.create(user=alice, period="month", starts_on=month.starts_on, tokens=56_789)
+    spent(alice, day=1234, month=56_789)
     return alice
 
 
