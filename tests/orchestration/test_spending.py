@@ -349,7 +349,8 @@ class TestZoneChange:
             just_begun = -now.hour if now.hour <= 12 else 24 - now.hour  # hours east of UTC
             for zone in (f"Etc/GMT{-just_begun:+d}", "Pacific/Kiritimati", "Etc/GMT+12"):
                 preferences_time_zone_set(user=alice, time_zone=zone)
-                reservation = spend_reserve(user=alice, model="unpriced", messages=messages, tools=[])
+                owner = type(alice).objects.get(pk=alice.pk)  # as a new turn reads it
+                reservation = spend_reserve(user=owner, model="unpriced", messages=messages, tools=[])
                 spend_settle(reservation=reservation, usage=Usage(prompt_tokens=10, completion_tokens=10), cost=None)
         days = day_rows(alice)
         assert len(days) <= 72 // 20 + 1  # UTC alone would have had 3
@@ -371,6 +372,10 @@ class TestAllowanceBoundsTheAnswer:
         agents = [Agent(f"w{i}", ["tasks.search"], [SEARCH], report=LONG_ANSWER) for i in range(4)]
         llm.respond = realistic(Plan(agents), completion=11_000)
         turn = run_turn()
+        # The bound: a call passes the cap only by what its prompt used beyond its
+        # estimate, nothing here (the provider counts four characters a token, the
+        # estimate three); before, by whole answers.
+        assert today_counter(alice).tokens == used_by_calls(alice) <= 20_000
         assert turn.status == "paused" and TurnPause.objects.get(turn=turn).limit == "spend_cap"
         assert llm.errors == []
         # The orchestrator's calls and the agents' alike ask for a bounded answer.
@@ -378,10 +383,6 @@ class TestAllowanceBoundsTheAnswer:
         assert all(0 < request["max_tokens"] <= 4096 for request in llm.requests)
         cut = LLMCall.objects.filter(turn=turn, response__finish_reason="length")
         assert cut.exists() and all(call.completion_tokens <= 4096 for call in cut)
-        # The bound: a call passes the cap only by what its prompt used beyond its
-        # estimate, nothing here (the provider counts four characters a token, the
-        # estimate three); before, by whole answers.
-        assert today_counter(alice).tokens == used_by_calls(alice) <= 20_000
 
     def test_parallel_calls_finishing_long_answers_stay_within_the_day(self, llm, alice, spend):
         """Eight agents' calls at once, each its own thread and connection, through the
@@ -412,11 +413,12 @@ class TestAllowanceBoundsTheAnswer:
             thread.start()
         for thread in threads:
             thread.join()
+        # As above: within the cap, the bound being what prompts use beyond their estimate.
+        assert today_counter(alice).tokens <= 20_000
         assert llm.errors == [] and llm.peak_in_flight >= 2
         assert outcomes.count("spend_cap") == 8 and outcomes.count("length") >= 2
         reported = sum(request["max_tokens"] + len(json.dumps(request["messages"])) // 4 for request in llm.requests)
-        # As above: within the cap, the bound being what prompts use beyond their estimate.
-        assert today_counter(alice).tokens == reported <= 20_000
+        assert today_counter(alice).tokens == reported
 
     def test_the_answer_gets_what_the_tokens_left_allow(self, alice, spend, settings):
         spend(tokens_per_day=20_000)
