@@ -564,8 +564,8 @@ class SpendCounter(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="spend_counters")
     period = models.CharField(max_length=8, choices=Period.choices)
     starts_on = models.DateField()
-    # The period keeps the zone it started in, and ends when that zone's day (or month)
-    # ends: a time-zone change applies from the next period, so it cannot reset one.
+    # The period keeps the zone it started in and ends at a midnight (first of the month)
+    # of that zone: a time-zone change applies from the next period, so it cannot reset one.
     time_zone = models.CharField(max_length=64, blank=True)
     ends_at = models.DateTimeField()
     tokens = models.BigIntegerField(default=0)

@@ -142,8 +142,9 @@ class Period:
 def _period_starting(name: str, zone_name: str, now: datetime, previous: tuple[date, datetime] | None) -> Period:
     """The period a call at `now` starts in the zone: from its midnight (first of the month)
     or the previous period's end, whichever is later, to the first midnight at least
-    SHORTEST after; labelled with its local day, or the day after the previous label
-    where the zone's date has not passed it (a zone change eastward)."""
+    SHORTEST after. Labelled with its local day (first of the month), or past the previous
+    label where that is later: after a move westward the zone's date may not have passed
+    it yet."""
     zone = zoneinfo.ZoneInfo(zone_name)
     label = _first_day(name, timezone.localtime(now, zone).date())
     starts_at = _midnight(label, zone)
@@ -360,7 +361,7 @@ def _adjust(reservation: Reservation, tokens: int, cost: Decimal) -> None:
     if tokens or cost:
         rows = SpendCounter.objects.filter(pk__in=reservation.rows)
         with transaction.atomic():
-            list(_in_order(rows).values_list("pk", flat=True))
+            list(_in_order(rows).values_list("pk", flat=True))  # locked, then changed
             rows.update(tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
 
 
@@ -368,7 +369,7 @@ def _trip(uses: list[PeriodUse], tokens: int, cost: Decimal) -> LimitTripped:
     """The pause for a call the allowance cannot cover (`tokens` and `cost`: the least it
     needs): the period that blocks it longest."""
     blocking = [use for use in uses if not use.fits(tokens, cost)] or uses[:1]
-    detail = _detail(blocking[-1], tokens, cost)
+    detail = _detail(max(blocking, key=lambda use: use.period.renews_at), tokens, cost)
     return LimitTripped(SPEND_CAP, cap_reached_words(detail), detail=detail)
 
 
@@ -389,7 +390,7 @@ def spend_blocked(*, user, detail: dict) -> str:
     uses = [use for use in spend_use(user) if not use.fits(tokens, cost)]
     if not uses:
         return ""
-    still = _detail(uses[-1], tokens, cost)
+    still = _detail(max(uses, key=lambda use: use.period.renews_at), tokens, cost)
     return (f"Your {_period_words(still)} allowance is still spent: {_left_words(still)}. "
             f"It renews {_renewal_words(still)}; Continue works again then, or once staff raise your "
             "allowance. Stop ends the turn with what is done.")
