@@ -173,8 +173,10 @@ def _midnight(day: date, zone) -> datetime:
     return datetime.combine(day, time(), zone)
 
 
-def _periods_starting(user, now: datetime, names) -> list[Period]:
+def _periods_starting(user, now: datetime, names: list[str]) -> list[Period]:
     """The periods of these kinds that a call at `now` starts, in the user's zone now."""
+    if not names:
+        return []  # without reading the zone
     zone = user_time_zone(user)
     latest = SpendCounter.objects.filter(user_id=user.pk).order_by("-starts_on")
     return [_period_starting(name, zone, now, latest.filter(period=name).values_list("starts_on", "ends_at").first())
