@@ -304,14 +304,18 @@ ASSISTANT_LIMITS = {
 # day and per calendar month of their time zone, in tokens (prompt + completion) and in US
 # dollars for models with a price (ASSISTANT_MODEL_PRICES). 0 means no cap. These are the
 # site defaults; staff set a user's own in the admin ("Users' spending"). Every model call
-# reserves its estimate first (its prompt's characters / SPEND_CHARS_PER_TOKEN plus
-# SPEND_COMPLETION_RESERVE_TOKENS) and settles to what the provider reports after.
+# reserves its estimate first (its prompt's characters / SPEND_CHARS_PER_TOKEN plus an
+# allowance for the answer) and settles to what the provider reports after. While a cap is
+# in force the answer's allowance is also the request's max_tokens: at most
+# SPEND_COMPLETION_RESERVE_TOKENS (so it bounds answers: 4096 tokens is some 3,000 words)
+# and at most what the cap leaves; below SPEND_MIN_COMPLETION_TOKENS the cap trips instead.
 ASSISTANT_SPEND = {
     "tokens_per_day": env_int("SPEND_TOKENS_PER_DAY", 0),
     "tokens_per_month": env_int("SPEND_TOKENS_PER_MONTH", 0),
     "usd_per_day": env_float("SPEND_USD_PER_DAY", 0.0),
     "usd_per_month": env_float("SPEND_USD_PER_MONTH", 0.0),
-    "completion_reserve_tokens": env_int("SPEND_COMPLETION_RESERVE_TOKENS", 1000),
+    "completion_reserve_tokens": env_int("SPEND_COMPLETION_RESERVE_TOKENS", 4096, minimum=1),
+    "min_completion_tokens": env_int("SPEND_MIN_COMPLETION_TOKENS", 256, minimum=1),
     "chars_per_token": env_int("SPEND_CHARS_PER_TOKEN", 3, minimum=1),
 }
 

@@ -10,7 +10,8 @@ It is no kinder than a real provider. Tool-call ids are fresh and random in ever
 response by default, as OpenAI's are (`ids="reused"` numbers them `call_0`, `call_1`,
 ... in every response, as some compatible servers do; `ids="scripted"` keeps the
 script's). `with_burst` makes a run of requests fail with 5xx or 429, longer than the
-SDK's own retries if asked; `Reply.delay` makes one hang.
+SDK's own retries if asked; `Reply.delay` makes one hang. It honours `max_tokens` as
+providers do: a longer answer stops there (`_cut`), plain or streamed.
 
 A request with `stream: true` is answered as providers do (`streaming="sse"`, the
 default): server-sent events, the text a few characters a chunk, each tool call's id and
@@ -220,7 +221,30 @@ class ScriptedLLM:
         return replace(reply, tool_calls=[(new, name, args) for new, (_, name, args) in zip(ids, reply.tool_calls)])
 
 
+def _cut(reply: Reply, max_tokens: int | None) -> Reply:
+    """The reply as a provider sends it under `max_tokens`. An answer longer than that (its
+    scripted completion tokens, or its text at CHUNK_CHARS characters a token, whichever
+    is more) stops there: its text cut at that many tokens (a tool call's arguments mid-
+    JSON, later calls never written), finish_reason "length", and the allowance reported
+    as its completion tokens."""
+    prompt, completion, cached = reply.usage
+    written = reply.content + "".join(arguments for _, _, arguments in reply.tool_calls)
+    if max_tokens is None or max(completion, -(-len(written) // CHUNK_CHARS)) <= max_tokens:
+        return reply
+    room = max_tokens * CHUNK_CHARS
+    content, room = reply.content[:room], room - len(reply.content)
+    tool_calls = []
+    for call_id, name, arguments in reply.tool_calls:
+        if room <= 0:
+            break
+        tool_calls.append((call_id, name, arguments[:room]))
+        room -= len(arguments)
+    return replace(reply, content=content, tool_calls=tool_calls, finish_reason="length",
+                   usage=(prompt, max_tokens, cached))
+
+
 def _completion(request: dict, reply: Reply) -> dict:
+    reply = _cut(reply, request.get("max_tokens"))
     prompt, completion, cached = reply.usage
     message: dict = {"role": "assistant", "content": reply.content or None}
     if reply.tool_calls:

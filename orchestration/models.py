@@ -552,9 +552,10 @@ class SpendAllowance(models.Model):
 
 
 class SpendCounter(models.Model):
-    """What a user's model calls used in one day or month of their time zone, reservations
-    of calls in flight included (orchestration/spending.py). A new period is a new row, so
-    nothing has to be reset at midnight and past periods stay as history."""
+    """What a user's model calls used in one day or month of the time zone it started in,
+    reservations of calls in flight included (orchestration/spending.py). A new period is
+    a new row, so nothing has to be reset at midnight and past periods stay as history;
+    `starts_on` labels it (its first local day, kept unique per user and kind)."""
 
     class Period(models.TextChoices):
         DAY = "day"
@@ -563,10 +564,10 @@ class SpendCounter(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="spend_counters")
     period = models.CharField(max_length=8, choices=Period.choices)
     starts_on = models.DateField()
-    # The period keeps the zone it started in, and ends when that zone's day (or month)
-    # ends: a time-zone change applies from the next period, so it cannot reset one.
+    # The period keeps the zone it started in and ends at a midnight (first of the month)
+    # of that zone: a time-zone change applies from the next period, so it cannot reset one.
     time_zone = models.CharField(max_length=64, blank=True)
-    ends_at = models.DateTimeField(null=True, blank=True)
+    ends_at = models.DateTimeField()
     tokens = models.BigIntegerField(default=0)
     cost_usd = models.DecimalField(max_digits=16, decimal_places=10, default=0)
     updated_at = models.DateTimeField(auto_now=True)
@@ -574,6 +575,9 @@ class SpendCounter(models.Model):
     class Meta:
         ordering = ["user_id", "-starts_on", "period"]
         constraints = [models.UniqueConstraint(fields=["user", "period", "starts_on"], name="spend_counter_unique")]
+        # Every model call reads the user's current periods (`ends_at` after now): two
+        # rows found directly, however many past periods the user has.
+        indexes = [models.Index(fields=["user", "ends_at"], name="spend_counter_current")]
 
     def __str__(self) -> str:
         return f"{self.user} {self.period} from {self.starts_on}"

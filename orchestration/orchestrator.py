@@ -200,7 +200,8 @@ async def _ask(request: _Request, token: str, provider) -> tuple[LLMResponse, in
 
     return await complete_retrying(
         lambda: provider.acomplete(model=request.model, messages=request.messages, tools=request.tools,
-                                   on_text=_DraftWriter(request.turn, token)),
+                                   on_text=_DraftWriter(request.turn, token),
+                                   max_tokens=request.reservation.max_tokens),
         used=request.turn.llm_retries, allowed=request.limits.orchestrator_max_retries, before_retry=before_retry,
     )
 

@@ -2,42 +2,61 @@
 
 Every model call, the orchestrator's and every sub-agent's, reserves its estimate from
 the user's allowance *before* it is made, and settles to what the provider reported
-after (or gives the estimate back when the call failed). The allowance is counted in
-rows per user and period (SpendCounter: a day or a calendar month of the user's time
-zone), and a reservation locks the day's and the month's rows in key order, then
-changes both with one conditional UPDATE (`WHERE tokens <= cap - estimate` for each):
-N agents racing on as many workers for the last of a cap cannot all take it, and a
-call is counted in both periods or in neither (one transaction).
+after (or gives the estimate back when the call failed).
 
-The estimate is the prompt's characters / SPEND_CHARS_PER_TOKEN (generous: English runs
-about four characters a token) plus SPEND_COMPLETION_RESERVE_TOKENS for the answer, and
-its price where the model has one. A call can overshoot the cap only by what it used
-beyond its own estimate (settling always counts the real use). A worker that dies in a
-call leaves its reservation counted: an error that errs toward the cap, never past it.
+Periods. The allowance is counted in rows per user and period (SpendCounter): a day or a
+calendar month that keeps the zone it started in and ends at its own `ends_at`. The
+current period of each kind is the row that ends after now. The first call after one
+ends starts the next in the user's zone *then*: from that zone's midnight (the first of
+its month) or the previous period's end, whichever is later, to the first midnight (first
+of the month) of that zone at least SHORTEST after its start. So a time-zone change
+applies from the next period and cannot reset the current one, and hopping zones
+westward cannot start a period every hour: each lasts 20 hours (27 days) at least, so
+zone changes can add at most about one period a day.
+
+Reserving. A reservation locks the user's current rows in key order and reads them in
+that same SELECT, then takes the estimate from both with one UPDATE (two statements in
+the steady state): N agents racing on as many workers for the last of a cap cannot all
+take it, and a call is counted in both periods or in neither (one transaction). A
+period's first call makes its row with the user's row locked, so that calls racing to
+start a period start one.
+
+The estimate and the allowance. A call is reserved at its prompt's characters /
+SPEND_CHARS_PER_TOKEN (generous: English runs about four characters a token) plus an
+allowance for its answer: SPEND_COMPLETION_RESERVE_TOKENS, and while a cap is in force
+no more than the tightest cap leaves after the prompt (a dollar cap at the model's
+output price, where it has one). The request sends that allowance as `max_tokens`, so the
+provider stops there: a call can pass the cap only by what its prompt used beyond its
+estimate. A call whose allowance would fall below SPEND_MIN_COMPLETION_TOKENS trips the
+cap instead. A worker that dies in a call leaves its reservation counted: an error that
+errs toward the cap, never past it.
 
 A call the allowance cannot cover pauses the turn through the continue? machinery
-(LimitTripped with SPEND_CAP) with words that say what is left and when it renews;
-Continue is refused while the allowance is still spent (`spend_blocked`).
+(LimitTripped with SPEND_CAP) with words that say what is left and when the period
+renews, in its own zone; Continue is refused while the allowance is still spent
+(`spend_blocked`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import zoneinfo
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import formats, timezone
 
 from assistant.preferences import user_time_zone
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import Usage
 from orchestration.models import SpendAllowance, SpendCounter, Turn
-from orchestration.pricing import call_cost, format_usd
+from orchestration.pricing import MILLION, call_cost, format_usd, price_for
 
 SPEND_CAP = "spend_cap"  # the limit of a pause on a user's allowance
 DAY, MONTH = SpendCounter.Period.DAY, SpendCounter.Period.MONTH
@@ -100,99 +119,230 @@ def caps_for(user) -> Caps:
     return Caps(**values)
 
 
+# --- periods -----------------------------------------------------------------------------------
+
+KINDS = (DAY, MONTH)
+# A new period ends at the first midnight (first of the month) of its zone at least this
+# long after it starts: shorter than any local day (23 hours across a clock change) or
+# month, so a period that starts at its zone's midnight runs to the next as it always
+# did; long enough that hopping zones cannot renew the allowance every hour.
+SHORTEST = {DAY: timedelta(hours=20), MONTH: timedelta(days=27)}
+
+
 @dataclass(frozen=True)
 class Period:
-    """A day or a calendar month in the user's time zone."""
+    """A day or a calendar month of the zone it started in, to its own end."""
 
     name: str
-    starts_on: date
-    renews_at: datetime  # aware, in the user's zone
+    starts_on: date  # its label: its first local day, unique per user and kind
+    renews_at: datetime  # its end, aware, in its zone
     time_zone: str
 
 
-def periods_of(user, now: datetime | None = None) -> tuple[Period, Period]:
-    """The user's day and month now: midnight and the first of the month where they live."""
-    name = user_time_zone(user)
-    zone = zoneinfo.ZoneInfo(name)
-    today = timezone.localtime(now or timezone.now(), zone).date()
-    first = today.replace(day=1)
-    next_month = (first + timedelta(days=32)).replace(day=1)
-    return (
-        Period(DAY, today, datetime.combine(today + timedelta(days=1), time(), zone), name),
-        Period(MONTH, first, datetime.combine(next_month, time(), zone), name),
-    )
+def _period_starting(name: str, zone_name: str, now: datetime, previous: tuple[date, datetime] | None) -> Period:
+    """The period a call at `now` starts in the zone: from its midnight (first of the month)
+    or the previous period's end, whichever is later, to the first midnight at least
+    SHORTEST after. Labelled with its local day (first of the month), or past the previous
+    label where that is later: after a move westward the zone's date may not have passed
+    it yet."""
+    zone = zoneinfo.ZoneInfo(zone_name)
+    label = _first_day(name, timezone.localtime(now, zone).date())
+    starts_at = _midnight(label, zone)
+    if previous is not None:
+        previous_label, previous_end = previous
+        label, starts_at = max(label, _following(name, previous_label)), max(starts_at, previous_end)
+    return Period(name, label, _boundary_from(name, starts_at + SHORTEST[name], zone), zone_name)
 
 
-def call_estimate(*, model: str, messages: list[dict], tools: list[dict]) -> tuple[int, Decimal]:
-    """What a call is reserved at: tokens, and dollars where the model has a price."""
-    spend = settings.ASSISTANT_SPEND
+def _boundary_from(name: str, moment: datetime, zone) -> datetime:
+    """The first midnight (first of the month) of the zone at or after `moment`."""
+    day = _first_day(name, timezone.localtime(moment, zone).date())
+    boundary = _midnight(day, zone)
+    return boundary if boundary >= moment else _midnight(_following(name, day), zone)
+
+
+def _first_day(name: str, day: date) -> date:
+    return day if name == DAY else day.replace(day=1)
+
+
+def _following(name: str, day: date) -> date:
+    return day + timedelta(days=1) if name == DAY else (day.replace(day=1) + timedelta(days=32)).replace(day=1)
+
+
+def _midnight(day: date, zone) -> datetime:
+    return datetime.combine(day, time(), zone)
+
+
+def _periods_starting(user, now: datetime, names: list[str]) -> list[Period]:
+    """The periods of these kinds that a call at `now` starts, in the user's zone now."""
+    if not names:
+        return []  # without reading the zone
+    zone = user_time_zone(user)
+    latest = SpendCounter.objects.filter(user_id=user.pk).order_by("-starts_on")
+    return [_period_starting(name, zone, now, latest.filter(period=name).values_list("starts_on", "ends_at").first())
+            for name in names]
+
+
+@transaction.atomic
+def spend_periods_start(*, user, now: datetime) -> None:
+    """Make the rows of the user's periods that have none current: a period's first call.
+
+    The user's row is locked first (FOR NO KEY UPDATE: rows that refer to the user can
+    still be written meanwhile), so calls racing to start a period take turns and the
+    second finds the first's row, even if the zone changed between them (their labels
+    would differ, and the unique key would not stop both). Its own transaction, never
+    inside the reservation's: that one holds period rows, and a user's deletion locks the
+    user's row before those (orchestration/retention.py)."""
+    user = (get_user_model().objects.select_for_update(no_key=True, of=("self",)).select_related("preferences")
+            .get(pk=user.pk))  # and the zone as it is now, not as a long-lived caller read it
+    started = {name for _, name, *_ in _current_rows(user.pk, now)}
+    for period in _periods_starting(user, now, [name for name in KINDS if name not in started]):
+        SpendCounter.objects.create(user_id=user.pk, period=period.name, starts_on=period.starts_on,
+                                    ends_at=period.renews_at, time_zone=period.time_zone)
+
+
+def _current_rows(user_id: int, now: datetime, *, lock: bool = False) -> list[tuple]:
+    """The user's rows of the periods current at `now`, with what they counted; locked
+    (in key order) for a reservation."""
+    rows = SpendCounter.objects.filter(user_id=user_id, ends_at__gt=now)
+    return list((_in_order(rows) if lock else rows).values_list(
+        "pk", "period", "starts_on", "ends_at", "time_zone", "tokens", "cost_usd"))
+
+
+def _in_order(rows):
+    """Lock the rows in primary-key order before one UPDATE changes them. An UPDATE locks
+    rows in the order its scan meets them, and each update moves a row's new version
+    elsewhere in the table, so two concurrent UPDATEs of the same pair could meet them in
+    opposite orders and deadlock (PostgreSQL did, at 100 agents in flight:
+    tests/live/test_runner.py). SQLite serialises writers anyway."""
+    return rows.select_for_update().order_by("pk")
+
+
+# --- what a call may take ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeriodUse:
+    """One period's use against its allowance (reservations of calls in flight included)."""
+
+    period: Period
+    tokens: int
+    cost_usd: Decimal
+    tokens_cap: int
+    usd_cap: Decimal
+    row_id: int | None = None  # None: the period has not started (no call yet)
+
+    def fits(self, tokens: int, cost: Decimal) -> bool:
+        return ((not self.tokens_cap or self.tokens + tokens <= self.tokens_cap)
+                and (not self.usd_cap or self.cost_usd + cost <= self.usd_cap))
+
+    def text(self) -> str:
+        """"1,234 of 10,000 tokens · $0.0100 of $1.00" (the admin's column)."""
+        tokens = f"{self.tokens:,} of {self.tokens_cap:,} tokens" if self.tokens_cap else f"{self.tokens:,} tokens"
+        cost = format_usd(self.cost_usd) + (f" of {format_usd(self.usd_cap)}" if self.usd_cap else "")
+        return f"{tokens} · {cost}"
+
+
+def _uses(rows: list[tuple], caps: Caps) -> dict[str, PeriodUse]:
+    """The use of each kind's current period, from its row. Should two rows of a kind be
+    current (periods counted before they kept their zone, migration 0015), the one that
+    ends first is the period now is in."""
+    uses: dict[str, PeriodUse] = {}
+    for pk, name, starts_on, ends_at, zone, tokens, cost in sorted(rows, key=lambda row: row[3]):
+        zone = zone or settings.TIME_ZONE
+        period = Period(name, starts_on, ends_at.astimezone(zoneinfo.ZoneInfo(zone)), zone)
+        uses.setdefault(name, PeriodUse(period=period, tokens=max(0, tokens), cost_usd=max(Decimal(0), cost),
+                                        tokens_cap=caps.tokens(name), usd_cap=caps.usd(name), row_id=pk))
+    return uses
+
+
+def spend_use(user, caps: Caps | None = None, now: datetime | None = None) -> list[PeriodUse]:
+    """The user's day and month so far against their allowance (a selector): the current
+    periods, each in its own zone; a period no call has started yet is the one a call
+    would start now, unused."""
+    caps, now = caps or caps_for(user), now or timezone.now()
+    uses = _uses(_current_rows(user.pk, now), caps)
+    for period in _periods_starting(user, now, [name for name in KINDS if name not in uses]):
+        uses[period.name] = PeriodUse(period=period, tokens=0, cost_usd=Decimal(0),
+                                      tokens_cap=caps.tokens(period.name), usd_cap=caps.usd(period.name))
+    return [uses[name] for name in KINDS]
+
+
+def prompt_estimate(*, messages: list[dict], tools: list[dict]) -> int:
+    """A prompt's tokens, reckoned generously from its characters."""
     chars = len(json.dumps(messages, ensure_ascii=False)) + len(json.dumps(tools, ensure_ascii=False))
-    prompt = chars // int(spend["chars_per_token"]) + 1
-    completion = int(spend["completion_reserve_tokens"])
-    cost = call_cost(model, Usage(prompt_tokens=prompt, completion_tokens=completion)) or Decimal(0)
-    return prompt + completion, cost
+    return chars // int(settings.ASSISTANT_SPEND["chars_per_token"]) + 1
+
+
+def _completion_tokens() -> tuple[int, int]:
+    """The answer's allowance at most (SPEND_COMPLETION_RESERVE_TOKENS) and at least
+    (SPEND_MIN_COMPLETION_TOKENS, never above the most)."""
+    most = int(settings.ASSISTANT_SPEND["completion_reserve_tokens"])
+    return most, min(most, int(settings.ASSISTANT_SPEND["min_completion_tokens"]))
+
+
+def _allowance(uses: list[PeriodUse], *, model: str, prompt: int, most: int) -> int | None:
+    """The most a call may answer while a cap is in force: what the tightest cap leaves
+    after the prompt, in tokens, or in dollars at the model's output price (a model with
+    no price counts against no dollar cap); at most `most`. None when no cap bounds it."""
+    price = price_for(model)
+    rooms = []
+    for use in uses:
+        if use.tokens_cap:
+            rooms.append(use.tokens_cap - use.tokens - prompt)
+        if use.usd_cap and price is not None and price.output:
+            left = use.usd_cap - use.cost_usd - prompt * price.input / MILLION
+            rooms.append(math.floor(left * MILLION / price.output))
+    return min(most, *rooms) if rooms else None
+
+
+def _cost(model: str, prompt: int, completion: int) -> Decimal:
+    return call_cost(model, Usage(prompt_tokens=prompt, completion_tokens=completion)) or Decimal(0)
 
 
 @dataclass(frozen=True)
 class Reservation:
-    """A call's estimate, taken from the user's rows for the periods it was made in (a
-    call across midnight settles on the day it started)."""
+    """A call's estimate, taken from the rows of the periods it was made in (a call across
+    a period's end settles in the period it started), and the most it may answer: the
+    request's `max_tokens` (None: no cap bounds it, none is sent)."""
 
-    user_id: int
-    starts: tuple[tuple[str, date], ...]
+    rows: tuple[int, ...]
     tokens: int
     cost_usd: Decimal
+    max_tokens: int | None = None
 
 
 def spend_reserve(*, user, model: str, messages: list[dict], tools: list[dict], caps: Caps | None = None
                   ) -> Reservation:
     """Reserve a model call's estimate from the user's allowance, or trip SPEND_CAP.
     `caps`: the user's allowance as the caller read it (an agent, once per delivery)."""
-    tokens, cost = call_estimate(model=model, messages=messages, tools=tools)
-    caps = caps or caps_for(user)
-    periods = periods_of(user)
-    if not _take(user, periods, caps, tokens, cost):
-        raise _trip(user, periods, caps, tokens, cost)
-    return Reservation(user_id=user.pk, starts=_starts(periods), tokens=tokens, cost_usd=cost)
+    caps, now = caps or caps_for(user), timezone.now()
+    prompt = prompt_estimate(messages=messages, tools=tools)
+    reservation = _reserve(user.pk, caps, now, model=model, prompt=prompt)
+    if reservation is None:  # the first call of a period
+        spend_periods_start(user=user, now=now)
+        reservation = _reserve(user.pk, caps, now, model=model, prompt=prompt)
+    return reservation
 
 
-def _take(user, periods: tuple[Period, ...], caps: Caps, tokens: int, cost: Decimal) -> bool:
-    """One UPDATE of the day's and the month's rows, each under its own cap; both or
-    neither (a transaction), and the rows made on a period's first call."""
-    room = Q()
-    for period in periods:
-        fits = Q(period=period.name, starts_on=period.starts_on)
-        if caps.tokens(period.name):
-            fits &= Q(tokens__lte=caps.tokens(period.name) - tokens)
-        if caps.usd(period.name):
-            fits &= Q(cost_usd__lte=caps.usd(period.name) - cost)
-        room |= fits
-    for first_try in (True, False):
-        with transaction.atomic():
-            present = _lock_in_order(user.pk, _starts(periods))
-            if present == len(periods):  # locked: the UPDATE's answer is the last word
-                taken = SpendCounter.objects.filter(room, user_id=user.pk).update(
-                    tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
-                if taken == len(periods):
-                    return True
-                transaction.set_rollback(True)  # one period had room, another not: neither counts
-                return False
-        if not first_try:
-            break
-        for period in periods:  # the period's first call: make its row, then try again
-            SpendCounter.objects.get_or_create(user_id=user.pk, period=period.name, starts_on=period.starts_on)
-    return False
-
-
-def _starts(periods) -> tuple[tuple[str, date], ...]:
-    return tuple((p.name, p.starts_on) for p in periods)
-
-
-def _rows(user_id: int, starts: tuple[tuple[str, date], ...]):
-    which = Q()
-    for name, starts_on in starts:
-        which |= Q(period=name, starts_on=starts_on)
-    return SpendCounter.objects.filter(which, user_id=user_id)
+@transaction.atomic
+def _reserve(user_id: int, caps: Caps, now: datetime, *, model: str, prompt: int) -> Reservation | None:
+    """Read and lock the current periods (one SELECT), take the call's estimate from both
+    (one UPDATE) or trip the cap; None when a period has not started."""
+    current = _uses(_current_rows(user_id, now, lock=True), caps)
+    if len(current) < len(KINDS):
+        return None
+    uses = [current[name] for name in KINDS]
+    most, least = _completion_tokens()
+    allowance = _allowance(uses, model=model, prompt=prompt, most=most)
+    completion = most if allowance is None else allowance
+    tokens, cost = prompt + completion, _cost(model, prompt, completion)
+    if completion < least or not all(use.fits(tokens, cost) for use in uses):
+        raise _trip(uses, prompt + least, _cost(model, prompt, least))
+    rows = tuple(use.row_id for use in uses)
+    SpendCounter.objects.filter(pk__in=rows).update(
+        tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=now)
+    return Reservation(rows=rows, tokens=tokens, cost_usd=cost, max_tokens=allowance)
 
 
 def spend_settle(*, reservation: Reservation | None, usage: Usage, cost: Decimal | None) -> None:
@@ -211,64 +361,17 @@ def spend_release(*, reservation: Reservation | None) -> None:
 
 def _adjust(reservation: Reservation, tokens: int, cost: Decimal) -> None:
     if tokens or cost:
+        rows = SpendCounter.objects.filter(pk__in=reservation.rows)
         with transaction.atomic():
-            _lock_in_order(reservation.user_id, reservation.starts)
-            _rows(reservation.user_id, reservation.starts).update(
-                tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
+            list(_in_order(rows).values_list("pk", flat=True))  # locked, then changed
+            rows.update(tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
 
 
-def _lock_in_order(user_id: int, starts: tuple[tuple[str, date], ...]) -> int:
-    """Lock the day's and the month's rows in primary-key order before one UPDATE
-    changes both. An UPDATE locks rows in the order its scan meets them, and each update
-    moves a row's new version elsewhere in the table, so two concurrent UPDATEs of the
-    same pair could meet them in opposite orders and deadlock (PostgreSQL did, at 100
-    agents in flight: tests/live/test_runner.py). SQLite serialises writers anyway.
-    Returns how many of the rows exist."""
-    return len(_rows(user_id, starts).select_for_update().order_by("pk").values_list("pk", flat=True))
-
-
-@dataclass(frozen=True)
-class PeriodUse:
-    """One period's use against its allowance (reservations of calls in flight included)."""
-
-    period: Period
-    tokens: int
-    cost_usd: Decimal
-    tokens_cap: int
-    usd_cap: Decimal
-
-    def fits(self, tokens: int, cost: Decimal) -> bool:
-        return ((not self.tokens_cap or self.tokens + tokens <= self.tokens_cap)
-                and (not self.usd_cap or self.cost_usd + cost <= self.usd_cap))
-
-    def text(self) -> str:
-        """"1,234 of 10,000 tokens · $0.0100 of $1.00" (the admin's column)."""
-        tokens = f"{self.tokens:,} of {self.tokens_cap:,} tokens" if self.tokens_cap else f"{self.tokens:,} tokens"
-        cost = format_usd(self.cost_usd) + (f" of {format_usd(self.usd_cap)}" if self.usd_cap else "")
-        return f"{tokens} · {cost}"
-
-
-def spend_use(user, caps: Caps | None = None, periods: tuple[Period, Period] | None = None) -> list[PeriodUse]:
-    """The user's day and month so far against their allowance (a selector)."""
-    caps = caps or caps_for(user)
-    periods = periods or periods_of(user)
-    rows = {(name, starts): (tokens, cost) for name, starts, tokens, cost in SpendCounter.objects.filter(
-        user_id=user.pk, starts_on__in=[p.starts_on for p in periods]).values_list(
-        "period", "starts_on", "tokens", "cost_usd")}
-    uses = []
-    for period in periods:
-        tokens, cost = rows.get((period.name, period.starts_on), (0, Decimal(0)))
-        uses.append(PeriodUse(period=period, tokens=max(0, tokens), cost_usd=max(Decimal(0), cost),
-                              tokens_cap=caps.tokens(period.name), usd_cap=caps.usd(period.name)))
-    return uses
-
-
-def _trip(user, periods, caps: Caps, tokens: int, cost: Decimal) -> LimitTripped:
-    """The pause for a call the allowance cannot cover: the period that blocks it longest."""
-    uses = spend_use(user, caps, periods)
+def _trip(uses: list[PeriodUse], tokens: int, cost: Decimal) -> LimitTripped:
+    """The pause for a call the allowance cannot cover (`tokens` and `cost`: the least it
+    needs): the period that blocks it longest."""
     blocking = [use for use in uses if not use.fits(tokens, cost)] or uses[:1]
-    use = blocking[-1]
-    detail = _detail(use, tokens, cost)
+    detail = _detail(max(blocking, key=lambda use: use.period.renews_at), tokens, cost)
     return LimitTripped(SPEND_CAP, cap_reached_words(detail), detail=detail)
 
 
@@ -284,12 +387,12 @@ def _detail(use: PeriodUse, tokens: int, cost: Decimal) -> dict:
 
 def spend_blocked(*, user, detail: dict) -> str:
     """Why Continue cannot resume a turn paused on the allowance ("" when it can): the
-    next call (as large as the one that tripped) still does not fit."""
+    next call (needing as much as the one that tripped) still does not fit."""
     tokens, cost = int(detail.get("needed", 0)), Decimal(detail.get("needed_usd") or 0)
     uses = [use for use in spend_use(user) if not use.fits(tokens, cost)]
     if not uses:
         return ""
-    still = _detail(uses[-1], tokens, cost)
+    still = _detail(max(uses, key=lambda use: use.period.renews_at), tokens, cost)
     return (f"Your {_period_words(still)} allowance is still spent: {_left_words(still)}. "
             f"It renews {_renewal_words(still)}; Continue works again then, or once staff raise your "
             "allowance. Stop ends the turn with what is done.")

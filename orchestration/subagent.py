@@ -216,7 +216,8 @@ async def _ask(agent: _Agent, step: int) -> tuple[LLMResponse, int]:
 
     dispatch = agent.dispatch
     return await complete_retrying(
-        lambda: agent.provider.acomplete(model=dispatch.model, messages=agent.messages, tools=agent.tools),
+        lambda: agent.provider.acomplete(model=dispatch.model, messages=agent.messages, tools=agent.tools,
+                                         max_tokens=agent.reservation.max_tokens),
         used=dispatch.retries, allowed=agent.limits.agent_max_retries, before_retry=before_retry,
     )
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import override_settings
+from django.utils import timezone
 
 PASSWORD = "correct horse battery staple"
 
@@ -79,6 +81,20 @@ def superuser(db):
 def alice_client(client, alice):
     client.force_login(alice)
     return client
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """`clock("2026-11-25T21:47:00+00:00")`: from then on the clock reads that time and runs
+    on from it. Shifted, not stopped, so leases and deadlines pass as they would."""
+    real = timezone.now
+
+    def set_clock(at: str) -> datetime:
+        shift = datetime.fromisoformat(at) - real()
+        monkeypatch.setattr(timezone, "now", lambda: real() + shift)
+        return timezone.now()
+
+    return set_clock
 
 
 def pytest_collection_modifyitems(config, items):

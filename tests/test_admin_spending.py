@@ -1,12 +1,16 @@
-"""Staff see each user's model use against their allowance, and set a user's own."""
+"""Staff see each user's model use against their allowance, each period in its own zone,
+and set a user's own."""
 
 from __future__ import annotations
 
 import pytest
 from django.urls import reverse
 
-from orchestration.models import SpendAllowance, SpendCounter
-from orchestration.spending import caps_for, periods_of
+from assistant.preferences import preferences_time_zone_set
+from orchestration.llm.base import Usage
+from orchestration.models import SpendAllowance
+from orchestration.spending import caps_for, spend_reserve, spend_settle
+from tests.factories import spent
 
 pytestmark = pytest.mark.django_db
 
@@ -16,9 +20,7 @@ LIST = "admin:orchestration_userspend_changelist"
 @pytest.fixture
 def alice_spent(alice, settings):
     settings.ASSISTANT_SPEND = {**settings.ASSISTANT_SPEND, "tokens_per_day": 10_000, "tokens_per_month": 0}
-    day, month = periods_of(alice)
-    SpendCounter.objects.create(user=alice, period="day", starts_on=day.starts_on, tokens=1234)
-    SpendCounter.objects.create(user=alice, period="month", starts_on=month.starts_on, tokens=56_789)
+    spent(alice, day=1234, month=56_789)
     return alice
 
 
@@ -56,3 +58,17 @@ def test_others_cannot_see_or_set_allowances(client, alice_spent, bob):
     url = reverse("admin:orchestration_userspend_change", args=[alice_spent.pk])
     client.post(url, {"spend_allowance-0-tokens_per_day": "0"})
     assert not SpendAllowance.objects.exists()
+
+
+def test_each_period_shows_its_own_zone_and_end(client, staff, alice, settings, clock):
+    """A zone change applies from the next period (issue 24): the list shows alice's day
+    and month as they were counted, in UTC, after she moved to Kiritimati."""
+    clock("2026-11-25T21:47:00+00:00")
+    settings.ASSISTANT_SPEND = {**settings.ASSISTANT_SPEND, "tokens_per_day": 20_000, "tokens_per_month": 0}
+    reservation = spend_reserve(user=alice, model="unpriced", messages=[{"role": "user", "content": "hi"}], tools=[])
+    spend_settle(reservation=reservation, usage=Usage(prompt_tokens=4000, completion_tokens=1000), cost=None)
+    preferences_time_zone_set(user=alice, time_zone="Pacific/Kiritimati")  # the 26th there already
+    client.force_login(staff)
+    page = client.get(reverse(LIST)).content.decode()
+    assert "5,000 of 20,000 tokens · $0.00 (renews Thu 26 Nov, 00:00, UTC)" in page
+    assert "5,000 tokens · $0.00 (renews Tue 1 Dec, 00:00, UTC)" in page

@@ -1,6 +1,8 @@
 """LLM providers behind one small interface: `await acomplete(model=, messages=, tools=)`,
-and `on_text=` for a call whose text the caller wants as it is written (a provider that
-cannot stream answers whole and never calls it)."""
+`on_text=` for a call whose text the caller wants as it is written (a provider that
+cannot stream answers whole and never calls it), and `max_tokens=` for the most the
+answer may use (the spend cap's allowance: the answer stops there, finish_reason
+"length"; None: no bound is asked)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ class Provider(Protocol):
     name: str
 
     async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict],
-                        on_text: Callable[[str], Awaitable[None]] | None = None) -> LLMResponse: ...
+                        on_text: Callable[[str], Awaitable[None]] | None = None,
+                        max_tokens: int | None = None) -> LLMResponse: ...
 
 
 def get_provider() -> Provider:

@@ -30,7 +30,8 @@ TIME_RE = re.compile(r"\b(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)\b|\bat\s+(\d
 class OfflineProvider:
     name = "offline"
 
-    def complete(self, *, model: str, messages: list[dict], tools: list[dict]) -> LLMResponse:
+    def complete(self, *, model: str, messages: list[dict], tools: list[dict],
+                 max_tokens: int | None = None) -> LLMResponse:
         names = {tool["function"]["name"] for tool in tools}
         if "use_skill" in names:
             response = _agent_reply(messages)
@@ -38,10 +39,21 @@ class OfflineProvider:
             response = _orchestrator_reply(messages)
         text = json.dumps(messages)
         usage = Usage(prompt_tokens=len(text) // 4, completion_tokens=len(json.dumps(response.to_json())) // 4)
+        if max_tokens is not None and usage.completion_tokens > max_tokens:
+            return _cut(response, usage, max_tokens)
         return LLMResponse(response.content, response.tool_calls, "stop", usage, OFFLINE_MODEL)
 
-    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict], on_text=None) -> LLMResponse:
-        return self.complete(model=model, messages=messages, tools=tools)  # instant: nothing to stream
+    async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict], on_text=None,
+                        max_tokens: int | None = None) -> LLMResponse:
+        # instant: nothing to stream
+        return self.complete(model=model, messages=messages, tools=tools, max_tokens=max_tokens)
+
+
+def _cut(response: LLMResponse, usage: Usage, max_tokens: int) -> LLMResponse:
+    """An answer longer than `max_tokens`, stopped there as a provider stops it: its text
+    cut (four characters a token), no tool call (none was finished), "length"."""
+    return LLMResponse(response.content[:4 * max_tokens], [], "length",
+                       Usage(prompt_tokens=usage.prompt_tokens, completion_tokens=max_tokens), OFFLINE_MODEL)
 
 
 # --- orchestrator side -------------------------------------------------------------------

@@ -70,8 +70,8 @@ class OpenAIProvider:
     name = "openai"
 
     async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict],
-                        on_text: OnText | None = None) -> LLMResponse:
-        body = _body(model, messages, tools)
+                        on_text: OnText | None = None, max_tokens: int | None = None) -> LLMResponse:
+        body = _body(model, messages, tools, max_tokens)
         if on_text is not None and _may_stream():
             try:
                 return await _streamed(body, on_text)
@@ -165,8 +165,11 @@ class _Assembly:
         return _to_response(completion)
 
 
-def _body(model: str, messages: list[dict], tools: list[dict]) -> dict:
-    return {"model": model, "messages": messages, **({"tools": tools} if tools else {})}
+def _body(model: str, messages: list[dict], tools: list[dict], max_tokens: int | None) -> dict:
+    """`max_tokens`, the field every compatible server reads (OpenAI's reasoning models
+    want `max_completion_tokens` instead), only when the spend cap bounds the answer."""
+    return {"model": model, "messages": messages, **({"tools": tools} if tools else {}),
+            **({"max_tokens": max_tokens} if max_tokens is not None else {})}
 
 
 @contextmanager

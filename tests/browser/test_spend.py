@@ -8,9 +8,9 @@ import pytest
 from playwright.sync_api import expect
 
 from benchmarks.llm_server import Agent, Plan
-from orchestration.models import SpendAllowance, SpendCounter, TurnPause
-from orchestration.spending import periods_of
+from orchestration.models import SpendAllowance, TurnPause
 from tests.browser.conftest import wait_turn
+from tests.factories import spent
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -18,8 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 def test_a_spent_allowance_pauses_and_continue_waits_for_more(servers, visit, alice, llm, request):
     llm.respond = Plan([Agent("finder", ["tasks.search"], [("tasks.search", {"status": "open"})])],
                        answer="No open tasks.")
-    day, _ = periods_of(alice)
-    SpendCounter.objects.create(user=alice, period="day", starts_on=day.starts_on, tokens=99_500)
+    spent(alice, day=99_500)
     site = servers(env={"SPEND_TOKENS_PER_DAY": "100000"})
     alice_tab = visit(site, "alice")
     conversation_id = alice_tab.new_conversation()

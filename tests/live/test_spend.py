@@ -17,7 +17,6 @@ from django_q.models import OrmQ
 from benchmarks.llm_server import Agent, Plan
 from orchestration.models import AgentDispatch, LLMCall, SpendAllowance, SpendCounter, Turn, TurnPause
 from orchestration.pauses import turn_continue
-from orchestration.spending import periods_of
 from orchestration.turns import turn_start
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
@@ -39,7 +38,6 @@ def quiet(turn: Turn) -> bool:
 
 def used(user) -> tuple[int, int, int]:
     """The user's day and month rows, and what their stored calls report."""
-    day, month = periods_of(user)
     rows = dict(SpendCounter.objects.filter(user=user).values_list("period", "tokens"))
     totals = LLMCall.objects.filter(turn__conversation__owner=user).aggregate(p=Sum("prompt_tokens"),
                                                                              c=Sum("completion_tokens"))
@@ -52,9 +50,11 @@ def test_parallel_agents_do_not_overshoot_a_small_allowance(llm, qcluster, alice
     llm.latency = 0.2
     llm.respond = lambda request: replace(plan(request), usage=USAGE)
     # Estimates just above what a call uses (600 for the answer, the prompt counted at 50
-    # characters a token), so that many calls fit in the allowance at once and race for it.
+    # characters a token), so that many calls fit in the allowance at once and race for it;
+    # near the cap a call takes its whole 600 or trips, never a smaller allowance (which
+    # the scripted usage, not cut by it, would pass).
     cluster = qcluster(workers=2, env={"SPEND_TOKENS_PER_DAY": str(CAP), "SPEND_COMPLETION_RESERVE_TOKENS": "600",
-                                       "SPEND_CHARS_PER_TOKEN": "50"})
+                                       "SPEND_MIN_COMPLETION_TOKENS": "600", "SPEND_CHARS_PER_TOKEN": "50"})
 
     turn = turn_start(conversation=conversation_for(alice), text="Six searchers, a small allowance")
     wait_for(lambda: quiet(turn), timeout=120, what=f"turn {turn.pk} to pause and the workers to go idle",

@@ -47,6 +47,17 @@ def test_offline_provider_is_deterministic():
     assert first == second and {call.name for call in first.tool_calls} == {"dispatch_agent"}
 
 
+def test_offline_provider_stops_at_max_tokens_as_a_provider_does():
+    """Under a spend cap the engine bounds each answer (issue 24); offline too."""
+    messages = [{"role": "system", "content": "x"}, {"role": "user", "content": EXAMPLE}]
+    tools = [{"type": "function", "function": {"name": "get_skill"}}]
+    whole = OfflineProvider().complete(model="m", messages=messages, tools=tools, max_tokens=10_000)
+    assert whole == OfflineProvider().complete(model="m", messages=messages, tools=tools)
+    cut = OfflineProvider().complete(model="m", messages=messages, tools=tools, max_tokens=20)
+    assert (cut.finish_reason, cut.tool_calls, cut.usage.completion_tokens) == ("length", [], 20)
+    assert cut.usage.prompt_tokens == whole.usage.prompt_tokens and whole.usage.completion_tokens > 20
+
+
 def test_ask_answers_the_example_with_real_side_effects(alice):
     output = ask("--user", "alice", "--sync", EXAMPLE)
     assert "Offline planner" in output

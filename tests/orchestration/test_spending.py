@@ -1,19 +1,25 @@
 """Spend caps (issue 18): each user's allowance per day and month, every model call
 counted before it is made; the turn's cap on agents' model calls; Continues per turn.
+Issue 24: a period keeps the zone it started in, so a zone change cannot reset it; and a
+call under a cap asks for no more answer than the cap leaves (`max_tokens`).
 
 Tasks run inline against the scripted server (the real openai SDK over HTTP)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 import threading
 import zoneinfo
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.db import connection
 from django.db.models import Sum
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from assistant.preferences import preferences_time_zone_set
@@ -21,9 +27,11 @@ from benchmarks.llm_server import Agent, Plan, Reply, calls, text
 from orchestration.models import LLMCall, SpendAllowance, SpendCounter, TurnPause
 from orchestration.pauses import CONTINUES_SPENT, pause_question, turn_continue
 from orchestration.limits import LimitTripped
+from orchestration.llm import get_provider
 from orchestration.llm.base import Usage
-from orchestration.spending import CAP_GRANT, call_estimate, periods_of, spend_reserve, spend_settle, spend_use
+from orchestration.spending import CAP_GRANT, caps_for, prompt_estimate, spend_reserve, spend_settle, spend_use
 from orchestration.turns import TurnRefused, turn_stop
+from tests.factories import spent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,14 +63,7 @@ def agent_requests(llm) -> int:
 
 
 def today_counter(user) -> SpendCounter:
-    day, _ = periods_of(user)
-    return SpendCounter.objects.get(user=user, period="day", starts_on=day.starts_on)
-
-
-def spend_today(user, tokens: int) -> None:
-    """`user` has already used `tokens` today (their earlier turns)."""
-    day, _ = periods_of(user)
-    SpendCounter.objects.create(user=user, period="day", starts_on=day.starts_on, tokens=tokens)
+    return SpendCounter.objects.get(user=user, period="day", ends_at__gt=timezone.now())
 
 
 def used_by_calls(user) -> int:
@@ -89,6 +90,7 @@ class TestEveryCallCounts:
         llm.respond = Plan([Agent("a", ["tasks.search"], [SEARCH])])
         assert run_turn().status == "completed"
         assert today_counter(alice).tokens == used_by_calls(alice) > 0
+        assert not any("max_tokens" in request for request in llm.requests)  # no cap: no bound asked
 
     def test_priced_calls_count_their_cost(self, llm, run_turn, alice, spend, settings):
         settings.ASSISTANT_ORCHESTRATOR_MODEL = settings.ASSISTANT_AGENT_MODEL = "gpt-4o-mini"
@@ -104,7 +106,7 @@ class TestAllowanceSpent:
     def paused(self, llm, run_turn, alice, spend):
         preferences_time_zone_set(user=alice, time_zone="Pacific/Auckland")
         spend(tokens_per_day=100_000)
-        spend_today(alice, 99_500)  # 500 left: less than any call's estimate
+        spent(alice, day=99_500)  # 500 left: less than any call's estimate
         llm.respond = Plan([Agent("a", ["tasks.search"], [SEARCH])])
         return run_turn()
 
@@ -119,7 +121,7 @@ class TestAllowanceSpent:
     def test_the_words_say_what_is_left_and_when_it_renews(self, paused, alice):
         pause = TurnPause.objects.get(turn=paused)
         words = pause.words
-        midnight = periods_of(alice)[0].renews_at
+        midnight = spend_use(alice)[0].period.renews_at
         assert midnight.tzinfo == zoneinfo.ZoneInfo("Pacific/Auckland") and (midnight.hour, midnight.minute) == (0, 0)
         assert words.label == "your daily token allowance"
         assert words.reached.startswith("You have used 99,500 tokens of your 100,000 tokens today: 500 tokens left, "
@@ -147,8 +149,8 @@ class TestAllowanceSpent:
         assert b"Your daily allowance is still spent" in page.content
 
     def test_renewal_lets_continue_resume(self, paused, alice, llm):
-        # Tomorrow: yesterday's use no longer counts.
-        SpendCounter.objects.filter(user=alice).update(starts_on=timezone.localdate() - timedelta(days=2))
+        # The day (and the month) ended: their use no longer counts.
+        SpendCounter.objects.filter(user=alice).update(ends_at=timezone.now())
         turn_continue(turn=paused, user=alice)
         paused.refresh_from_db()
         assert paused.status == "completed", paused.error
@@ -274,7 +276,7 @@ class TestContinuesPerTurn:
     def test_approvals_and_renewals_do_not_count(self, llm, run_turn, alice, spend, limits):
         limits(turn_max_continues=0)
         spend(tokens_per_day=100_000)
-        spend_today(alice, 99_900)
+        spent(alice, day=99_900)
         llm.respond = Plan([Agent("a", ["tasks.search"], [SEARCH])])
         turn = run_turn()
         assert turn.status == "paused"
@@ -284,21 +286,209 @@ class TestContinuesPerTurn:
         assert turn.status == "completed", turn.error
 
 
-def test_period_rows_follow_the_users_zone(alice):
+def realistic(plan: Plan, completion: int):
+    """`plan`'s replies, each reporting `completion` tokens and a prompt counted as a
+    provider counts English (four characters a token: under the estimate's three)."""
+
+    def respond(request: dict) -> Reply:
+        prompt = len(json.dumps(request["messages"]) + json.dumps(request.get("tools", []))) // 4
+        return replace(plan(request), usage=(prompt, completion, 0))
+
+    return respond
+
+
+def day_rows(user) -> list[SpendCounter]:
+    return list(SpendCounter.objects.filter(user=user, period="day").order_by("ends_at"))
+
+
+class TestZoneChange:
+    """Issue 24, finding 5: spend at 21:47 UTC, switch to Pacific/Kiritimati (where it is
+    already tomorrow), press Continue: a new day's row started, and one real day spent
+    48,600 tokens against a 20,000 cap. A period keeps the zone it started in."""
+
+    def test_a_zone_change_does_not_reset_the_day(self, llm, run_turn, alice, spend, clock):
+        clock("2026-11-25T21:47:00+00:00")  # alice has no zone of her own: UTC's day
+        spend(tokens_per_day=20_000)
+        agents = [Agent(f"a{i}", ["tasks.search"], [SEARCH, SEARCH]) for i in range(2)]
+        llm.respond = realistic(Plan(agents), completion=1500)
+        turn = run_turn()
+        assert turn.status == "paused" and TurnPause.objects.get(turn=turn).limit == "spend_cap"
+        asked = len(llm.requests)
+
+        preferences_time_zone_set(user=alice, time_zone="Pacific/Kiritimati")  # 11:47 on the 26th there
+        renewal = r"renews at midnight \(Thu 26 Nov, 00:00, UTC\)"  # the day's own end and zone
+        with pytest.raises(TurnRefused, match=rf"Your daily allowance is still spent: .* It {renewal}"):
+            turn_continue(turn=turn, user=alice)
+        again = run_turn()  # a new turn counts in the same day
+        assert again.status == "paused" and len(llm.requests) == asked
+        assert re.search(renewal, TurnPause.objects.get(turn=again).words.reached)
+        [day] = day_rows(alice)
+        assert day.tokens == used_by_calls(alice) <= 20_000  # one real day, one allowance
+
+        clock("2026-11-26T00:00:30+00:00")  # UTC's day is over: the next starts in her zone
+        turn_continue(turn=turn, user=alice)
+        turn.refresh_from_db()
+        assert turn.status == "completed", turn.error
+        first, second = day_rows(alice)
+        assert (first.time_zone, first.tokens) == ("UTC", day.tokens)
+        # From where the UTC day ended to the first Kiritimati midnight 20 hours on: the
+        # one ten hours on (the 27th there) would make a short day.
+        assert second.time_zone == "Pacific/Kiritimati"
+        assert second.ends_at == datetime.fromisoformat("2026-11-28T00:00:00+14:00")
+        assert second.tokens == used_by_calls(alice) - first.tokens > 0
+
+    def test_hopping_zones_starts_at_most_about_one_extra_period_a_day(self, alice, spend, clock):
+        """Every two hours for three days, a call from the zone where it is just past four
+        in the morning (its next midnight is the first 20 hours on: hopping westward for
+        the shortest periods there are), then from the easternmost and the westernmost
+        zones (a day ahead of each other). Each period starts where the last ended at the
+        earliest and lasts 20 hours at least."""
+        spend(tokens_per_day=10**9)
+        start = clock("2026-11-25T00:30:00+00:00")
+        messages = [{"role": "user", "content": "hello"}]
+        for hours in range(0, 72, 2):
+            now = clock((start + timedelta(hours=hours)).isoformat())
+            four_am = (4 - now.hour) % 24 - (24 if (4 - now.hour) % 24 > 14 else 0)  # hours east of UTC
+            for zone in (f"Etc/GMT{-four_am:+d}", "Pacific/Kiritimati", "Etc/GMT+12"):
+                preferences_time_zone_set(user=alice, time_zone=zone)
+                owner = type(alice).objects.get(pk=alice.pk)  # as a new turn reads it
+                reservation = spend_reserve(user=owner, model="unpriced", messages=messages, tools=[])
+                spend_settle(reservation=reservation, usage=Usage(prompt_tokens=10, completion_tokens=10), cost=None)
+        days = day_rows(alice)
+        assert len(days) <= 72 // 20 + 1  # UTC alone would have had 3
+        assert all(later.ends_at - earlier.ends_at >= timedelta(hours=20) for earlier, later in zip(days, days[1:]))
+        assert sum(day.tokens for day in days) == 72 // 2 * 3 * 20
+
+
+LONG_ANSWER = "All of it, at length. " * 2000  # some 11,000 tokens of text
+
+
+class TestAllowanceBoundsTheAnswer:
+    """Issue 24, finding 6: no max_tokens was sent, so parallel agents finishing long
+    answers passed a 20,000-token day by 4,300 tokens. Under a cap each call asks for no
+    more answer than the cap leaves, and the provider stops there."""
+
+    def test_agents_long_answers_stay_within_the_day(self, llm, run_turn, alice, spend):
+        spend(tokens_per_day=20_000)
+        agents = [Agent(f"w{i}", ["tasks.search"], [SEARCH], report=LONG_ANSWER) for i in range(4)]
+        llm.respond = realistic(Plan(agents), completion=11_000)
+        turn = run_turn()
+        # The bound: a call passes the cap only by what its prompt used beyond its
+        # estimate, nothing here (the provider counts four characters a token, the
+        # estimate three); before, by whole answers.
+        assert today_counter(alice).tokens == used_by_calls(alice) <= 20_000
+        assert turn.status == "paused" and TurnPause.objects.get(turn=turn).limit == "spend_cap"
+        assert llm.errors == []
+        # The orchestrator's calls and the agents' alike ask for a bounded answer.
+        assert {is_agent(request) for request in llm.requests} == {True, False}
+        assert all(0 < request["max_tokens"] <= 4096 for request in llm.requests)
+        cut = LLMCall.objects.filter(turn=turn, response__finish_reason="length")
+        assert cut.exists() and all(call.completion_tokens <= 4096 for call in cut)
+
+    def test_parallel_calls_finishing_long_answers_stay_within_the_day(self, llm, alice, spend):
+        """Eight agents' calls at once, each its own thread and connection, through the
+        real SDK, each answered as long as the provider lets it, until the cap trips."""
+        spend(tokens_per_day=20_000)
+        llm.respond = realistic(lambda request: text(LONG_ANSWER), completion=11_000)
+        llm.latency = 0.05
+        messages = [{"role": "user", "content": "Tell me everything. " * 50}]
+        start = threading.Barrier(8)
+        outcomes: list[str] = []
+
+        def agent():
+            try:
+                start.wait()
+                while True:
+                    reservation = spend_reserve(user=alice, model="unpriced", messages=messages, tools=[])
+                    response = asyncio.run(get_provider().acomplete(
+                        model="unpriced", messages=messages, tools=[], max_tokens=reservation.max_tokens))
+                    spend_settle(reservation=reservation, usage=response.usage, cost=None)
+                    outcomes.append(response.finish_reason)
+            except LimitTripped as trip:
+                outcomes.append(trip.limit)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=agent) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        # As above: within the cap, the bound being what prompts use beyond their estimate.
+        assert today_counter(alice).tokens <= 20_000
+        assert llm.errors == [] and llm.peak_in_flight >= 2
+        assert outcomes.count("spend_cap") == 8 and outcomes.count("length") >= 2
+        reported = sum(request["max_tokens"] + len(json.dumps(request["messages"])) // 4 for request in llm.requests)
+        assert today_counter(alice).tokens == reported
+
+    def test_the_answer_gets_what_the_tokens_left_allow(self, alice, spend, settings):
+        spend(tokens_per_day=20_000)
+        messages = [{"role": "user", "content": "x" * 3000}]
+        prompt = prompt_estimate(messages=messages, tools=[])
+        spent(alice, day=20_000 - prompt - 700)
+        reservation = spend_reserve(user=alice, model="unpriced", messages=messages, tools=[])
+        assert reservation.max_tokens == 700 and reservation.tokens == prompt + 700
+        assert today_counter(alice).tokens == 20_000
+
+    def test_below_the_floor_the_cap_trips(self, alice, spend):
+        spend(tokens_per_day=20_000, min_completion_tokens=256)
+        messages = [{"role": "user", "content": "x" * 3000}]
+        prompt = prompt_estimate(messages=messages, tools=[])
+        spent(alice, day=20_000 - prompt - 255)
+        with pytest.raises(LimitTripped) as trip:
+            spend_reserve(user=alice, model="unpriced", messages=messages, tools=[])
+        assert trip.value.detail["needed"] == prompt + 256
+        assert today_counter(alice).tokens == 20_000 - prompt - 255
+
+    def test_a_dollar_cap_bounds_the_answer_at_the_models_output_price(self, alice, spend, settings):
+        spend(usd_per_day=0.001)
+        messages = [{"role": "user", "content": "x" * 3000}]
+        prompt = prompt_estimate(messages=messages, tools=[])
+        price = settings.ASSISTANT_MODEL_PRICES["gpt-4o-mini"]  # dollars per million tokens
+        left = Decimal("0.001") - Decimal(str(price["input"])) * prompt / 1_000_000
+        reservation = spend_reserve(user=alice, model="gpt-4o-mini", messages=messages, tools=[])
+        assert reservation.max_tokens == int(left * 1_000_000 / Decimal(str(price["output"]))) < 4096
+        one_token = Decimal(str(price["output"])) / 1_000_000
+        assert Decimal("0.001") - one_token < reservation.cost_usd == today_counter(alice).cost_usd <= Decimal("0.001")
+        # A model with no price counts against no dollar cap: its answer is not bounded.
+        assert spend_reserve(user=alice, model="unpriced", messages=messages, tools=[]).max_tokens is None
+
+
+def test_a_reservation_costs_two_statements(alice, spend):
+    """The engine's step has a statement budget: a call's reservation locks and reads the
+    current periods in one SELECT and takes its estimate in one UPDATE (plus the
+    transaction's own BEGIN and COMMIT); the zone is read only when a period starts."""
+    spend(tokens_per_day=10**9)
+    messages = [{"role": "user", "content": "hello"}]
+    spend_reserve(user=alice, model="unpriced", messages=messages, tools=[])  # the periods' first call
+    owner = type(alice).objects.get(pk=alice.pk)  # as the orchestrator reads it, each pass
+    caps = caps_for(owner)
+    with CaptureQueriesContext(connection) as statements:
+        spend_reserve(user=owner, model="unpriced", messages=messages, tools=[], caps=caps)
+    sql = [query["sql"] for query in statements.captured_queries if query["sql"] not in ("BEGIN", "COMMIT")
+           and not query["sql"].startswith("BEGIN ")]
+    assert [statement.split()[0] for statement in sql] == ["SELECT", "UPDATE"], sql
+    assert connection.vendor == "sqlite" or "FOR UPDATE" in sql[0]  # SQLite's transactions are IMMEDIATE
+
+
+def test_a_first_period_starts_at_midnight_in_the_users_zone(alice):
     preferences_time_zone_set(user=alice, time_zone="Pacific/Kiritimati")  # UTC+14
     now = timezone.now().replace(hour=11, minute=0)  # 01:00 the next day there
-    day, month = periods_of(alice, now)
-    assert day.starts_on == (now + timedelta(hours=14)).date()
-    assert day.renews_at - timedelta(days=1) <= now + timedelta(hours=14) and month.starts_on.day == 1
-    assert spend_use(alice, periods=(day, month))[0].tokens == 0
+    day, month = (use.period for use in spend_use(alice, now=now))
+    local = timezone.localtime(now, zoneinfo.ZoneInfo("Pacific/Kiritimati"))
+    assert day.starts_on == local.date() == (now + timedelta(hours=14)).date()
+    assert day.renews_at == local.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+    assert (day.time_zone, month.time_zone) == ("Pacific/Kiritimati", "Pacific/Kiritimati")
+    assert month.starts_on == local.date().replace(day=1) and month.renews_at.day == 1
+    assert spend_use(alice, now=now)[0].tokens == 0
     assert Decimal(0) == spend_use(alice)[1].cost_usd
 
 
-def test_racing_reservations_take_exactly_what_fits(alice, spend):
+def test_racing_reservations_take_exactly_what_fits(alice, spend, settings):
     """Ten threads, each its own database connection, reserve at once from an allowance
     that holds five calls: five get it, five trip, the row holds exactly five."""
     messages = [{"role": "user", "content": "x" * 3000}]
-    estimate, _ = call_estimate(model="unpriced", messages=messages, tools=[])
+    estimate = prompt_estimate(messages=messages, tools=[]) + settings.ASSISTANT_SPEND["completion_reserve_tokens"]
     spend(tokens_per_day=5 * estimate)
     start = threading.Barrier(10)
     outcomes: list[str] = []
