@@ -182,8 +182,8 @@ def resume_floor(conversation_id: int, last: int) -> int:
 # continue? prompt, the composer and the outside content the conversation carries (it
 # grows when a turn ends) change with the turn's own events (a message sent, answered,
 # paused, resumed, stopped); the agent graph with the agents' and skills' events too;
-# the counters with anything. A long chat is then not run through markdown
-# and the sanitiser again for every skill call (that was most of daphne's CPU under load).
+# the counters with anything. A long chat is then not run through markdown and the
+# sanitiser again for every skill call (that was most of daphne's CPU under load).
 PANELS = ("counters", "outside", "messages", "pause", "composer", "graph", "waterfall")
 CHAT_EVENT_PREFIXES = ("turn.", "limit.")
 GRAPH_EVENT_PREFIXES = ("turn.", "agent.", "skill.")

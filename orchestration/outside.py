@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Min
 from django.utils import timezone
 
 from orchestration.models import Conversation, SkillExecution, Turn
@@ -23,15 +22,16 @@ def turn_outside_read(turn: Turn) -> tuple[list[str], datetime | None]:
     calls' rows (nested ones too), which are the committed truth whatever became of
     the agents that made them, and from what its orchestrator read (`Turn.outside`,
     which starts with the conversation's)."""
-    rows = SkillExecution.objects.filter(dispatch__turn=turn).exclude(outside=[])
-    read = merged(turn.outside, *(outside for outside in rows.order_by("id").values_list("outside", flat=True)))
-    return read, rows.aggregate(first=Min("finished_at"))["first"]
+    rows = list(SkillExecution.objects.filter(dispatch__turn=turn).exclude(outside=[]).order_by("id")
+                .values_list("outside", "finished_at"))
+    return merged(turn.outside, *(outside for outside, _ in rows)), min((at for _, at in rows if at), default=None)
 
 
 def conversation_outside_fold(*, turn: Turn) -> None:
-    """Fold what `turn` read into its conversation. Call in the transaction that ends
-    the turn (every ending passes through turns._finish), so that none forgets it; the next turn cannot start
-    before that commits (one active turn per conversation)."""
+    """Fold what `turn` read into its conversation, keeping when it first read any.
+    Called in the transaction that ends the turn (every ending passes through
+    turns._finish), so no ending forgets it; and no next turn starts before that
+    commits (one active turn per conversation), so none starts without it."""
     conversation = turn.conversation
     read, first_read = turn_outside_read(turn)
     outside = merged(conversation.outside, read)

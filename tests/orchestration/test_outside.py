@@ -46,9 +46,10 @@ WARNING = f"outside content reached this call: {FILE}"
 
 
 @pytest.fixture(autouse=True)
-def scripted_ids(llm):
+def scripted_ids(request):
     """Relay names its calls; the property below looks them up by id."""
-    llm.ids = "scripted"
+    if "llm" in request.fixturenames:
+        request.getfixturevalue("llm").ids = "scripted"
 
 
 @pytest.fixture(autouse=True)
@@ -164,7 +165,8 @@ def test_every_ending_folds_what_the_turn_read_into_its_conversation(ending, ali
     conversation = conversation_for(alice)
     earlier = timezone.now() - timedelta(days=1)
     Conversation.objects.filter(pk=conversation.pk).update(outside=["email “Hi” (id 1)"], outside_since=earlier)
-    turn = turn_for(conversation, status=TurnStatus.RUNNING, outside=["email “Hi” (id 1)", "memory 7 (saved by an agent)"])
+    turn = turn_for(conversation, status=TurnStatus.RUNNING,
+                    outside=["email “Hi” (id 1)", "memory 7 (saved by an agent)"])
     reader = dispatch_for(turn, "reader", state="running")
     SkillExecution.objects.create(dispatch=reader, tool_call_id="c1", skill="files.read", status="completed",
                                   outside=[FILE], finished_at=timezone.now())
@@ -283,7 +285,7 @@ FINDINGS = [  # each one a path the engine once missed
 ]
 
 
-@settings(max_examples=15, deadline=None, database=None,
+@settings(max_examples=10, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(program=programs)
 @example(program=FINDINGS[0])

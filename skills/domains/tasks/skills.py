@@ -130,8 +130,8 @@ DOMAIN = Domain(
                 }
             ),
             handler=task_search,
-            read_only=True,
             outside=_outside,
+            read_only=True,
         ),
         Skill(
             name="tasks.create",
