@@ -24,7 +24,7 @@ from django.utils import timezone
 from orchestration.events import event_record
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, Turn, TurnStatus
 from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagents
-from skills.provenance import merged  # noqa: F401 (outside content's one merge; the engine says lifecycle.merged)
+from skills.provenance import merged  # noqa: F401 (the engine calls it lifecycle.merged)
 
 # Terminal from the orchestrator's point of view: the agent will not work any more.
 TERMINAL_STATES = frozenset(

@@ -213,7 +213,7 @@ def test_a_child_inherits_what_its_parent_had_read_when_it_dispatched_it(llm, ow
 
 @pytest.mark.parametrize("write, read, model, noun", [
     ("note", "search", Task, "task"),
-    ("event", "list", CalendarEvent, "event"),
+    ("event", "list", CalendarEvent, "calendar event"),
 ])
 def test_a_row_written_from_outside_content_is_outside_content_when_read_back(llm, owner, run_turn, write, read,
                                                                              model, noun):

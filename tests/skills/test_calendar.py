@@ -167,7 +167,7 @@ class TestProvenance:
     def test_reading_it_back_is_outside_content(self, call, events):
         written = call("calendar.create_event", {"title": "Door", "start": at(6, 12, 30).isoformat()},
                        outside=["file notes.txt"]).data["event"]
-        source = f"event {written['id']} (written from file notes.txt)"
+        source = f"calendar event {written['id']} (written from file notes.txt)"
         listed = call("calendar.list_events", {"start": at(6, 0).isoformat(), "end": at(7, 0).isoformat()})
         assert listed.outside == (source,)
         overlapping = call("calendar.create_event", {"title": "Call", "start": at(6, 12, 45).isoformat()})

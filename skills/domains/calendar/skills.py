@@ -98,7 +98,7 @@ def _data(event: CalendarEvent) -> dict:
 
 def _outside(arguments: dict, result: dict) -> list[str]:
     """The events in a result that an agent wrote from outside content."""
-    return rows_outside("event", result, "event", "events", "overlaps")
+    return rows_outside("calendar event", result, "event", "events", "overlaps")
 
 
 DOMAIN = Domain(
