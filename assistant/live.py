@@ -179,11 +179,12 @@ def resume_floor(conversation_id: int, last: int) -> int:
 
 
 # The panels a push re-renders: only those its events can have changed. The chat, the
-# continue? prompt and the composer change with the turn's own events (a message sent,
-# answered, paused, resumed, stopped); the agent graph with the agents' and skills'
-# events too; the counters with anything. A long chat is then not run through markdown
-# and the sanitiser again for every skill call (that was most of daphne's CPU under load).
-PANELS = ("counters", "messages", "pause", "composer", "graph", "waterfall")
+# continue? prompt, the composer and the outside content the conversation carries (it
+# grows when a turn ends) change with the turn's own events (a message sent, answered,
+# paused, resumed, stopped); the agent graph with the agents' and skills' events too;
+# the counters with anything. A long chat is then not run through markdown and the
+# sanitiser again for every skill call (that was most of daphne's CPU under load).
+PANELS = ("counters", "outside", "messages", "pause", "composer", "graph", "waterfall")
 CHAT_EVENT_PREFIXES = ("turn.", "limit.")
 GRAPH_EVENT_PREFIXES = ("turn.", "agent.", "skill.")
 
@@ -192,7 +193,7 @@ def panels_for(events: list[Event]) -> frozenset[str]:
     types = [event.type for event in events]
     panels = {"counters"}
     if any(t.startswith(CHAT_EVENT_PREFIXES) for t in types):
-        panels |= {"messages", "pause", "composer"}
+        panels |= {"outside", "messages", "pause", "composer"}
     if any(t.startswith(GRAPH_EVENT_PREFIXES) for t in types):
         panels |= {"graph", "waterfall"}
     elif any(t.startswith("orchestrator.") for t in types):
@@ -253,6 +254,8 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
         if not conversation.title:  # set once, by the first request: the header shows it live
             conversation.refresh_from_db(fields=["title"])
         context["usage"] = selectors.conversation_usage(conversation=conversation)
+    if "outside" in panels:  # a socket holds its conversation from before the turn ended
+        conversation.refresh_from_db(fields=["outside", "outside_since"])
     if "messages" in panels:
         context["messages_"] = selectors.visible_messages(conversation=conversation)
         context["suggestions"] = EXAMPLE_REQUESTS[:4]  # shown while the chat is empty

@@ -30,6 +30,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -467,3 +468,99 @@ def agent_of(request: dict) -> str:
 
 def _called_tools(messages: list[dict]) -> list[str]:
     return [c["function"]["name"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+
+
+# --- a model that carries what it read into what it writes -----------------------------------
+
+
+@dataclass
+class RelayAgent:
+    """An agent for `Relay`: its actions in order (RELAY_ACTIONS, or ("delegate",
+    RelayAgent) to dispatch a child and collect its report), then its report."""
+
+    agent_id: str
+    actions: list = field(default_factory=list)
+    depends_on: list[str] = field(default_factory=list)
+    profile: str = ""  # a delegating one, for an agent that dispatches children
+
+
+# action: (skill, arguments given what the agent carries: the secret, or "nothing")
+RELAY_ACTIONS = {
+    "read": lambda carry, relay: ("files.read", {"path": relay.path}),
+    "search": lambda carry, relay: ("tasks.search", {}),
+    "list": lambda carry, relay: ("calendar.list_events", {}),
+    "note": lambda carry, relay: ("tasks.create", {"title": f"Note: {carry}"}),
+    "event": lambda carry, relay: ("calendar.create_event", {"title": f"Meet about {carry}", "start": relay.start}),
+    "send": lambda carry, relay: ("email.send", {"to": [relay.to], "subject": "Note", "body": f"Here it is: {carry}"}),
+}
+RELAY_WRITES = ("note", "event", "send")
+
+
+class Relay:
+    """A model that, as a summary would, carries `secret` into everything it writes once
+    it has seen it — in its mission, its dependencies' reports, a tool result or, as the
+    orchestrator, the conversation's earlier answers: a task's or an event's title, a
+    message's body, a child's mission, its report and the answer.
+
+    The orchestrator dispatches `agents` at once (the secret in their missions if the
+    history holds it), collects their results and answers (quoting the secret if a report
+    did). Agents take their scripted actions in order. `carried` collects the ids of the
+    writes made with the secret in view: the side effects outside content had reached.
+    Tool-call ids are scripted (`ScriptedLLM(ids="scripted")`) and unique per agent id.
+    """
+
+    def __init__(self, agents: list[RelayAgent], *, secret: str, path: str = "notes.txt",
+                 to: str = "bob@example.com", start: str = "",
+                 skills: tuple[str, ...] = ("calendar.create_event", "calendar.list_events", "email.send",
+                                            "files.read", "tasks.create", "tasks.search")):
+        self.top = agents
+        self.agents = {}
+        stack = list(agents)
+        while stack:
+            agent = stack.pop()
+            self.agents[agent.agent_id] = agent
+            stack += [action[1] for action in agent.actions if isinstance(action, tuple)]
+        self.secret, self.path, self.to, self.skills = secret, path, to, list(skills)
+        # within calendar.list_events' default range (the next 14 days)
+        self.start = start or (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0).isoformat()
+        self.carried: set[str] = set()
+
+    def __call__(self, request: dict) -> Reply:
+        messages = request["messages"]
+        seen = any(self.secret in (m.get("content") or "") for m in messages if m["role"] != "system")
+        carry = self.secret if seen else "nothing"
+        if "use_skill" in {tool["function"]["name"] for tool in request.get("tools", [])}:
+            return self._agent_reply(agent_of(request), messages, carry)
+        steps = sum(1 for m in messages if m["role"] == "assistant" and m.get("tool_calls"))
+        if steps == 0:
+            return calls(*[("dispatch_agent", self._dispatch(agent, carry)) for agent in self.top], prefix="relay_o0")
+        if steps == 1:
+            return calls(("get_agent_results", {}), prefix="relay_o1")
+        return text(f"Done. Found: {carry}")
+
+    def _dispatch(self, agent: RelayAgent, carry: str) -> dict:
+        mission = f"mission:{agent.agent_id}" + (f" About: {carry}" if carry == self.secret else "")
+        spec = {"agent_id": agent.agent_id, "mission": mission, "skills": self.skills}
+        if agent.depends_on:
+            spec["depends_on"] = agent.depends_on
+        if agent.profile:
+            spec["profile"] = agent.profile
+        return spec
+
+    def _agent_reply(self, agent_id: str, messages: list[dict], carry: str) -> Reply:
+        steps = []
+        for action in self.agents[agent_id].actions:
+            steps += [("dispatch", action[1]), ("results", None)] if isinstance(action, tuple) else [(action, None)]
+        done = sum(1 for m in messages if m["role"] == "assistant")
+        if done >= len(steps):
+            return text(f"{agent_id} done. Found: {carry}")
+        action, child = steps[done]
+        call_id = f"{agent_id}_s{done}"
+        if action == "dispatch":
+            return Reply(tool_calls=[(call_id, "dispatch_agent", json.dumps(self._dispatch(child, carry)))])
+        if action == "results":
+            return Reply(tool_calls=[(call_id, "get_agent_results", "{}")])
+        if action in RELAY_WRITES and carry == self.secret:
+            self.carried.add(call_id)
+        skill, arguments = RELAY_ACTIONS[action](carry, self)
+        return Reply(tool_calls=[(call_id, "use_skill", json.dumps({"skill": skill, "arguments": arguments}))])

@@ -7,9 +7,11 @@ It runs unasked only when nothing below asks:
 - the owner's policy for the skill (skills/policy.py) is "ask" — or "deny": refused;
 - a message would go to an address not familiar to the owner (skills/egress.py);
 - outside content has reached the caller: text the user did not write (a file, an email
-  body, a memory an agent saved) in the agent's own results, its dependencies' or
-  children's reports, or the reports the orchestrator had read when it dispatched it.
-  Whatever the policy: that text may carry instructions the model followed.
+  body, a memory, task or event an agent saved) in the agent's own results, its
+  dependencies' or children's reports, what its parent had seen or the orchestrator had
+  read when it was dispatched, or an earlier turn of its conversation
+  (orchestration/outside.py). Whatever the policy: that text may carry instructions the
+  model followed.
 
 Otherwise the turn pauses with a SkillApproval holding the exact call (ApprovalNeeded,
 taking the continue? path: stored, pushed live, owner only, answered once). Approve lets

@@ -10,6 +10,7 @@ the same batch or on an agent that already ended without success.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 
@@ -219,10 +220,15 @@ def dispatch_create(
     task_prompt: str,
     parent: AgentDispatch | None = None,
     step_idx: int | None = None,
+    outside: Sequence[str] = (),
 ) -> AgentDispatch:
     """Create one validated dispatch (top-level, or a child of `parent`) and its event.
 
-    The caller holds the turn lock and has reserved the agent slot.
+    It starts with the outside content that had reached whoever wrote its mission: the
+    turn's (the conversation's and the orchestrator's reading), and for a child what
+    its parent had seen at that moment (`outside`: the parent's run so far, which its
+    row holds only once it ends). The caller holds the turn lock and has reserved the
+    agent slot.
     """
     limits = Limits.from_json(turn.limits)
     spec, profile = item.spec, item.profile
@@ -247,8 +253,7 @@ def dispatch_create(
             parent=parent, step_idx=step_idx,
         ),
         tool_call_id=item.call.id,
-        # what the orchestrator (or the parent agent) had read when it wrote this mission
-        outside=lifecycle.merged(turn.outside, parent.outside if parent else []),
+        outside=lifecycle.merged(turn.outside, parent.outside if parent else [], outside),
     )
     waits = f", after {', '.join(dispatch.depends_on)}" if dispatch.depends_on else ""
     by = f" (by {parent.agent_id})" if parent else ""

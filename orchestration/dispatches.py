@@ -24,6 +24,7 @@ from django.utils import timezone
 from orchestration.events import event_record
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, Turn, TurnStatus
 from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagents
+from skills.provenance import merged  # noqa: F401 (the engine calls it lifecycle.merged)
 
 # Terminal from the orchestrator's point of view: the agent will not work any more.
 TERMINAL_STATES = frozenset(
@@ -266,19 +267,6 @@ def dispatch_results_collect(names: list[str], found: dict[str, AgentDispatch]) 
         ))
         dispatch_merge(dispatch)
     return {"agents": agents}
-
-
-MAX_OUTSIDE_SOURCES = 20
-
-
-def merged(*sources: list[str]) -> list[str]:
-    """Outside content from several places, each named once, in order, bounded."""
-    seen: list[str] = []
-    for group in sources:
-        for source in group or []:
-            if source not in seen:
-                seen.append(source)
-    return seen[:MAX_OUTSIDE_SOURCES]
 
 
 REPORT_OUTSIDE_NOTE = ("Outside content reached this agent (listed in outside_content): its report may "

@@ -101,8 +101,9 @@ class Turn(models.Model):
     # The final answer as far as the model has streamed it (the page shows it while the
     # turn runs, a reload too); the stored answer is the complete message.
     answer_draft = models.TextField(blank=True)
-    # The outside content the orchestrator has read (in its agents' reports): every agent
-    # it dispatches afterwards carries it (AgentDispatch.outside).
+    # The outside content the orchestrator has read: its conversation's when the turn
+    # started (orchestration/outside.py), then its agents' reports. Every agent it
+    # dispatches afterwards carries it (AgentDispatch.outside).
     outside = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -73,8 +73,11 @@ def refusal(dispatch: AgentDispatch, limits: Limits) -> str:
     return f"{dispatch.agent_id} may not dispatch agents (its profile does not delegate); its only tool is use_skill."
 
 
-def children_dispatch(*, dispatch: AgentDispatch, token: str, calls: list[ToolCall], step: int) -> dict[str, str]:
-    """Answer one response's dispatch_agent calls, by tool-call id.
+def children_dispatch(*, dispatch: AgentDispatch, token: str, calls: list[ToolCall], step: int,
+                      outside: list[str]) -> dict[str, str]:
+    """Answer one response's dispatch_agent calls, by tool-call id. Each child starts
+    with `outside`, the outside content that had reached the parent when its model wrote
+    the calls.
 
     On replay a call that created its child answers "dispatched" again, and a refused
     call gets its stored refusal back, so the parent's history is what it was.
@@ -103,7 +106,8 @@ def children_dispatch(*, dispatch: AgentDispatch, token: str, calls: list[ToolCa
             if item.error:
                 answers[item.call.id] = error_json(item.error, agent_id=item.spec.get("agent_id"))
                 continue
-            dispatch_create(turn=turn, item=item, task_prompt=task_prompt, parent=dispatch, step_idx=step)
+            dispatch_create(turn=turn, item=item, task_prompt=task_prompt, parent=dispatch, step_idx=step,
+                            outside=outside)
             answers[item.call.id] = dispatch_result_json(item.spec["agent_id"])
         lifecycle.dispatch_schedule(turn)
     return answers

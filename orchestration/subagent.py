@@ -374,7 +374,8 @@ class _Agent:
             return None
         dispatch_calls = [call for call in response.tool_calls if call.name == DISPATCH_AGENT]
         dispatched = (
-            nesting.children_dispatch(dispatch=dispatch, token=self.token, calls=dispatch_calls, step=step)
+            nesting.children_dispatch(dispatch=dispatch, token=self.token, calls=dispatch_calls, step=step,
+                                      outside=seen)
             if self.delegates and dispatch_calls else {}
         )
         known = {USE_SKILL, DISPATCH_AGENT, GET_AGENT_RESULTS} if self.delegates else {USE_SKILL}
@@ -497,6 +498,7 @@ def _use_skill(dispatch: AgentDispatch, token: str, user, call, seen: list[str])
         name=name, arguments=skill_arguments, user=user, tool_call_id=call.id,
         scope={"dispatch": dispatch}, granted=dispatch.skills, before_run=before_run, after_run=after_run,
         clear=approvals.gate(dispatch=dispatch, user=user, outside=seen), time_zone=dispatch.turn.time_zone,
+        outside=seen,  # what rows the call writes were written from (skills/provenance.py)
     )
     return outcome.as_tool_content(), list(outcome.outside)
 

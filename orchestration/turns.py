@@ -16,6 +16,7 @@ from orchestration.limits import Limits
 from orchestration.models import (
     ACTIVE_TURN_STATUSES, Conversation, DispatchOutcome, Message, SkillExecution, Turn, TurnPause, TurnStatus,
 )
+from orchestration.outside import conversation_outside_fold
 from orchestration.tasks import enqueue_orchestrator_step
 from skills.models import ExecutionStatus
 from skills.registry import UnknownSkill, get_skill
@@ -33,7 +34,9 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
     a message sent while a turn runs is refused (not queued), so the user decides.
 
     The turn keeps the owner's time zone as it is now: its skills read "tomorrow at 2pm"
-    and its prompts give the local time in that zone, even if the owner changes it later."""
+    and its prompts give the local time in that zone, even if the owner changes it later.
+    It starts with the outside content its conversation carries (orchestration/outside.py):
+    the history holds it."""
     text = (text or "").strip()
     if not text:
         raise TurnRefused("The message is empty.")
@@ -56,7 +59,7 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
             turn = Turn.objects.create(
                 conversation=conversation, number=number, limits=limits.to_json(),
                 prior_window_calls=calls_in_window(conversation.pk, limits),
-                time_zone=user_time_zone(conversation.owner),
+                time_zone=user_time_zone(conversation.owner), outside=conversation.outside,
             )
             message_append(turn=turn, role=Message.Role.USER, content=text)
             if not conversation.title:
@@ -103,14 +106,18 @@ def turn_draft_save(*, turn: Turn, token: str, text: str) -> None:
 
 
 def _finish(turn_id: int, token: str | None, *, status: str, error: str = "") -> Turn | None:
-    """Conditionally end an active turn; None if someone else ended it first."""
+    """Conditionally end an active turn; None if someone else ended it first. Every
+    ending passes here (answered, failed, dead-lettered, stopped), in its transaction:
+    what the turn read of outside content goes to its conversation here."""
     qs = Turn.objects.filter(pk=turn_id, status__in=ACTIVE_TURN_STATUSES)
     if token is not None:
         qs = qs.filter(lease_token=token)
     if not qs.update(status=status, error=error, finished_at=timezone.now(), lease_token="", lease_expires_at=None,
                      awaiting={}, answer_draft=""):
         return None
-    return Turn.objects.select_related("conversation").get(pk=turn_id)
+    turn = Turn.objects.select_related("conversation").get(pk=turn_id)
+    conversation_outside_fold(turn=turn)
+    return turn
 
 
 @transaction.atomic

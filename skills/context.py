@@ -1,7 +1,9 @@
 """The skill call whose handler is running in this context (a contextvar): the executor
-sets it, nested calls inherit from it, and handlers whose effect lies outside the
-database read its key (skills/journal.py). Its own module, so that the journal, which
-handlers import, need not import the executor, which imports every handler."""
+sets it, nested calls inherit from it, handlers whose effect lies outside the database
+read its key (skills/journal.py), and handlers that write rows read the outside content
+that had reached its caller (skills/provenance.py). Its own module, so that the journal
+and provenance, which handlers import, need not import the executor, which imports
+every handler."""
 
 from __future__ import annotations
 
@@ -20,3 +22,11 @@ def current_call_key() -> str | None:
     is that call's key and its own tool_call_id, which the handler passes again."""
     running = running_call.get()
     return running.key if running is not None else None
+
+
+def current_outside() -> tuple[str, ...]:
+    """The outside content that had reached the caller of the running call (a nested
+    call's includes its outer call's), or () outside a call: what a row the handler
+    writes was written from."""
+    running = running_call.get()
+    return running.outside if running is not None else ()

@@ -31,6 +31,10 @@ the running call's child and inherits its grant (a handler cannot widen it), its
 propagates out of the outer call too, whatever the handler does with it: the outer
 call is left open, as a direct call would be, and resumes once the budget allows.
 
+Outside content: `outside` names what had reached the caller (text the user did not
+write, as the engine tracked it); the running call keeps it, a nested call adds its
+outer call's, and a handler that writes a row stamps it there (skills/provenance.py).
+
 Times: a handler runs with `time_zone` active (django.utils.timezone), the zone of the
 user it acts for, so a date without an offset ("2026-11-25T14:00", "today") means
 their wall clock and results show it (skills/domains/common.py). A nested call runs in
@@ -57,6 +61,7 @@ from skills.base import Skill, SkillError
 from skills.breaker import breaker_admit, breaker_record
 from skills.context import running_call
 from skills.models import ExecutionStatus
+from skills.provenance import merged
 from skills.registry import UnknownSkill, get_skill
 from skills.timeouts import SkillTimeout, deadline
 from skills.validation import (
@@ -113,6 +118,7 @@ class _Running:
     after_run: AfterRun | None
     clear: Clear | None = None
     time_zone: str | None = None  # see execute_skill
+    outside: tuple[str, ...] = ()  # skills.context.current_outside()
     refused: BaseException | None = None  # a nested call's before_run refusal
 
 
@@ -191,6 +197,7 @@ def execute_skill(
     after_run: AfterRun | None = None,
     clear: Clear | None = None,
     time_zone: str | None = None,
+    outside: Collection[str] = (),
 ) -> SkillOutcome:
     """Run skill `name` for `user`, exactly once per (scope, tool_call_id, skill, arguments).
 
@@ -202,6 +209,9 @@ def execute_skill(
 
     `time_zone` is the one the handler reads and shows times in (a turn's; blank:
     settings.TIME_ZONE); None leaves the active one (a nested call: its outer call's).
+
+    `outside`: the outside content that had reached the caller, which rows the handler
+    writes carry (skills/provenance.py); a nested call adds its outer call's.
     """
     outer = running_call.get()
     if outer is not None:
@@ -213,6 +223,7 @@ def execute_skill(
         before_run = before_run or outer.before_run
         after_run = after_run or outer.after_run
         clear = clear or outer.clear
+        outside = merged(outer.outside, outside)
     if scope is None:
         raise TypeError("execute_skill needs a scope outside a running skill call")
     call = _Call(model=execution_model(), scope=scope, tool_call_id=tool_call_id, name=name,
@@ -235,7 +246,8 @@ def execute_skill(
             )
         else:
             outcome = call.run(skill, user=user, granted=granted, before_run=before_run, after_run=after_run,
-                               clear=clear, circuit_clean=admitted.clean, time_zone=time_zone)
+                               clear=clear, circuit_clean=admitted.clean, time_zone=time_zone,
+                               outside=tuple(outside))
     if after_run is not None and not outcome.replayed:
         after_run(str(name), outcome)
     return outcome
@@ -294,7 +306,8 @@ class _Call:
         return self._winner(row)
 
     def run(self, skill: Skill, *, user, granted, before_run: BeforeRun | None, after_run: AfterRun | None,
-            clear: Clear | None = None, circuit_clean: bool, time_zone: str | None = None) -> SkillOutcome:
+            clear: Clear | None = None, circuit_clean: bool, time_zone: str | None = None,
+            outside: tuple[str, ...] = ()) -> SkillOutcome:
         started = time.monotonic()
         try:
             row, new = self._open({"status": ExecutionStatus.RUNNING}, before_run=before_run, clear=clear,
@@ -308,7 +321,8 @@ class _Call:
         key = f"{self.outer.key}/{row.tool_call_id}" if self.outer else _row_key(row)
         running = _Running(row=row, key=key, scope=self.scope,
                            granted=frozenset(granted) if granted is not None else None,
-                           before_run=before_run, after_run=after_run, clear=clear, time_zone=time_zone)
+                           before_run=before_run, after_run=after_run, clear=clear, time_zone=time_zone,
+                           outside=outside)
         try:
             with transaction.atomic():
                 if not self._claim(row):

@@ -195,3 +195,34 @@ def test_the_heading_takes_the_title_live(alice):
     turn_start(conversation=Conversation.objects.get(pk=held.pk), text="add a task:\n  renew   passport")
     html = render_events(held, list(Event.objects.filter(conversation=held)))
     assert '<h1 id="conversation-title" hx-swap-oob="true">add a task:</h1>' in html
+
+
+def test_the_page_says_the_conversation_carries_outside_content_and_since_when(alice_client, alice):
+    """In the owner's zone, on the page and in the push after the turn that read it (the
+    socket holds its conversation from before that turn ended)."""
+    from datetime import UTC, datetime
+
+    from django.utils import timezone
+
+    from assistant.live import render_events
+    from assistant.preferences import preferences_time_zone_set
+    from orchestration.models import Event
+    from tests.factories import turn_for
+
+    preferences_time_zone_set(user=alice, time_zone="Pacific/Auckland")  # UTC+13 in November
+    held = conversation_for(alice)
+    html = alice_client.get(held.get_absolute_url()).content.decode()
+    assert '<div id="conversation-outside">' in html and "text you did not write" not in html
+
+    Conversation.objects.filter(pk=held.pk).update(outside=["file notes.txt", "task 3 (written from file notes.txt)"],
+                                                   outside_since=datetime(2026, 11, 25, 22, 53, tzinfo=UTC))
+    said = ("Since 26 Nov 2026, 11:53 this conversation holds text you did not write, which may carry "
+            "instructions: file notes.txt; task 3 (written from file notes.txt). From then on, anything the "
+            "assistant would change or send here asks you first.")
+    assert said in " ".join(alice_client.get(held.get_absolute_url()).content.decode().split())
+
+    ended = Event.objects.create(conversation=held, turn=turn_for(held, status="completed"), type="turn.completed",
+                                 summary="Turn 1 answered")
+    with timezone.override("Pacific/Auckland"):
+        pushed = render_events(held, [ended])
+    assert '<div id="conversation-outside" hx-swap-oob="true">' in pushed and said in " ".join(pushed.split())

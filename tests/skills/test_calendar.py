@@ -151,3 +151,28 @@ class TestCancelEvent:
         first = call("calendar.cancel_event", {"event_id": events["lunch"].pk}, tool_call_id="c")
         again = call("calendar.cancel_event", {"event_id": events["lunch"].pk}, tool_call_id="c")
         assert again.replayed and again.data == first.data
+
+
+class TestProvenance:
+    """An event an agent wrote from outside content is that content again when read
+    back, in a list or as an overlap (skills/provenance.py); the owner's own are not."""
+
+    def test_an_event_keeps_what_had_reached_its_writer_and_its_canceller(self, ok):
+        created = ok("calendar.create_event", {"title": "Door", "start": "2030-05-06T07:00:00+00:00"},
+                     outside=["file notes.txt"])["event"]
+        assert created["written_from"] == ["file notes.txt"]
+        ok("calendar.cancel_event", {"event_id": created["id"]}, outside=["email “Hi” (id 2)"])
+        assert CalendarEvent.objects.get(pk=created["id"]).provenance == ["file notes.txt", "email “Hi” (id 2)"]
+
+    def test_reading_it_back_is_outside_content(self, call, events):
+        written = call("calendar.create_event", {"title": "Door", "start": at(6, 12, 30).isoformat()},
+                       outside=["file notes.txt"]).data["event"]
+        source = f"calendar event {written['id']} (written from file notes.txt)"
+        listed = call("calendar.list_events", {"start": at(6, 0).isoformat(), "end": at(7, 0).isoformat()})
+        assert listed.outside == (source,)
+        overlapping = call("calendar.create_event", {"title": "Call", "start": at(6, 12, 45).isoformat()})
+        assert overlapping.outside == (source,)  # it overlaps the owner's lunch and the written event
+
+    def test_the_owners_own_events_are_not(self, call, events):
+        listed = call("calendar.list_events", {"start": at(6, 0).isoformat(), "end": at(14, 0).isoformat()})
+        assert listed.ok and listed.data["events"] and listed.outside == ()

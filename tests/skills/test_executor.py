@@ -402,6 +402,20 @@ class TestNestedCalls:
         child = SkillExecution.objects.get(tool_call_id="call_a/1")
         assert child.dispatch == dispatch and child.parent.tool_call_id == "call_a"
 
+    def test_inherits_the_outside_content_that_had_reached_the_caller(self, call, register):
+        """What rows a nested call writes were written from (skills/provenance.py)."""
+        from skills.context import current_outside
+
+        def outer(user):
+            inner = execute_skill(name="testing.leaf", arguments={}, user=user, tool_call_id="call_a/1",
+                                  outside=["email 3"])
+            return {"outer": list(current_outside()), "inner": inner.data["leaf"]}
+
+        register(skill("testing.outer", outer), skill("testing.leaf", lambda user: {"leaf": list(current_outside())}))
+        outcome = call("testing.outer", {}, tool_call_id="call_a", outside=["file notes.txt"])
+        assert outcome.data == {"outer": ["file notes.txt"], "inner": ["file notes.txt", "email 3"]}
+        assert call("testing.leaf", {}).data == {"leaf": []}  # nothing had reached this caller
+
     def test_cannot_use_a_skill_outside_the_callers_grant(self, call, outer):
         outcome = call("testing.outer", {}, tool_call_id="call_a", granted=["testing.outer"])
         assert outcome.data["inner_ok"] is False and "not granted" in outcome.data["inner_error"]

@@ -156,3 +156,32 @@ class TestComplete:
         first = call("tasks.complete", {"task_id": tasks["late"].pk}, tool_call_id="c")
         again = call("tasks.complete", {"task_id": tasks["late"].pk}, tool_call_id="c")
         assert again.replayed and again.data == first.data and again.data["already_done"] is False
+
+
+class TestProvenance:
+    """A task an agent wrote from outside content is that content again when read back
+    (skills/provenance.py); the owner's own tasks are not."""
+
+    def test_a_task_keeps_what_had_reached_its_writer(self, ok):
+        task = ok("tasks.create", {"title": "Call Bob"}, outside=["file notes.txt"])["task"]
+        assert task["written_from"] == ["file notes.txt"]
+        assert Task.objects.get(pk=task["id"]).provenance == ["file notes.txt"]
+
+    def test_changes_add_to_it_and_never_clear_it(self, ok):
+        task_id = ok("tasks.create", {"title": "Call Bob"}, outside=["file a.txt"])["task"]["id"]
+        ok("tasks.update", {"task_id": task_id, "title": "Call Bob today"}, outside=["file b.txt", "file a.txt"])
+        ok("tasks.update", {"task_id": task_id, "notes": "about the door"})  # a caller that read nothing
+        ok("tasks.complete", {"task_id": task_id}, outside=["memory 3 (saved by an agent)"])
+        assert Task.objects.get(pk=task_id).provenance == ["file a.txt", "file b.txt", "memory 3 (saved by an agent)"]
+
+    def test_reading_it_back_is_outside_content(self, call, tasks):
+        written = call("tasks.create", {"title": "Door code"}, outside=["file notes.txt"]).data["task"]
+        found = call("tasks.search", {})
+        assert found.outside == (f"task {written['id']} (written from file notes.txt)",)
+        assert [t["title"] for t in found.data["tasks"] if "written_from" in t] == ["Door code"]
+        changed = call("tasks.update", {"task_id": written["id"], "due": days(1)})
+        assert changed.outside == found.outside  # its result shows the row too
+
+    def test_the_owners_own_tasks_are_not(self, call, tasks):
+        assert call("tasks.search", {}).outside == ()
+        assert call("tasks.create", {"title": "Mine"}).outside == ()

@@ -1,4 +1,7 @@
-"""calendar.*: list, create (reporting overlaps) and cancel the user's events."""
+"""calendar.*: list, create (reporting overlaps) and cancel the user's events.
+
+An event an agent writes carries the outside content that had reached it, and every
+result that shows such an event names it as outside content (skills/provenance.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.calendar.models import TITLE_MAX, CalendarEvent
 from skills.domains.common import iso, owned, parse_datetime, shifted
+from skills.provenance import provenance_data, provenance_stamp, rows_outside
 from skills.quotas import rows_reserve
 
 DEFAULT_RANGE = timedelta(days=14)
@@ -52,7 +56,7 @@ def event_create(
     begins = parse_datetime(start, field="start")
     ends = shifted(begins, timedelta(minutes=duration_minutes), what="the event's end")
     rows_reserve(user=user, domain="calendar")
-    event = CalendarEvent.objects.create(
+    event = CalendarEvent(
         owner=user,
         title=title,
         start=begins,
@@ -60,6 +64,8 @@ def event_create(
         end=ends,
         invitees=list(invitees),
     )
+    provenance_stamp(event)
+    event.save()
     overlaps = CalendarEvent.objects.filter(
         owner=user, status=CalendarEvent.Status.ACTIVE, start__lt=event.end, end__gt=event.start
     ).exclude(pk=event.pk)
@@ -72,7 +78,8 @@ def event_cancel(user, *, event_id: int) -> dict:
     if not already_cancelled:
         event.status = CalendarEvent.Status.CANCELLED
         event.cancelled_at = timezone.now()
-        event.save(update_fields=["status", "cancelled_at"])
+        provenance_stamp(event)
+        event.save(update_fields=["status", "cancelled_at", "provenance"])
     return {"event": _data(event), "already_cancelled": already_cancelled}
 
 
@@ -85,7 +92,13 @@ def _data(event: CalendarEvent) -> dict:
         "duration_minutes": event.duration_minutes,
         "invitees": event.invitees,
         "status": event.status,
+        **provenance_data(event),
     }
+
+
+def _outside(arguments: dict, result: dict) -> list[str]:
+    """The events in a result that an agent wrote from outside content."""
+    return rows_outside("calendar event", result, "event", "events", "overlaps")
 
 
 DOMAIN = Domain(
@@ -107,6 +120,7 @@ DOMAIN = Domain(
                 }
             ),
             handler=event_list,
+            outside=_outside,
             read_only=True,
         ),
         Skill(
@@ -127,6 +141,7 @@ DOMAIN = Domain(
                 required=("title", "start"),
             ),
             handler=event_create,
+            outside=_outside,
             effect=lambda arguments, result: f"created event “{result['event']['title']}” at {result['event']['start']}",
         ),
         Skill(
@@ -136,6 +151,7 @@ DOMAIN = Domain(
                 {"event_id": schema.record_id("event")}, required=("event_id",)
             ),
             handler=event_cancel,
+            outside=_outside,
             effect=lambda arguments, result: f"cancelled event “{result['event']['title']}”",
         ),
     ),

@@ -1,4 +1,7 @@
-"""tasks.*: search, create, update and complete the user's to-do items."""
+"""tasks.*: search, create, update and complete the user's to-do items.
+
+A task an agent writes carries the outside content that had reached it, and every
+result that shows such a task names it as outside content (skills/provenance.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from django.utils import timezone
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.common import iso, owned, parse_date
+from skills.provenance import provenance_data, provenance_stamp, rows_outside
 from skills.quotas import rows_reserve
 from skills.domains.tasks.models import NOTES_MAX, TITLE_MAX, Task
 
@@ -48,7 +52,9 @@ def task_search(
 
 def task_create(user, *, title: str, notes: str = "", due: str | None = None) -> dict:
     rows_reserve(user=user, domain="tasks")
-    task = Task.objects.create(owner=user, title=title, notes=notes, due=parse_date(due, field="due"))
+    task = Task(owner=user, title=title, notes=notes, due=parse_date(due, field="due"))
+    provenance_stamp(task)
+    task.save()
     return {"task": _data(task)}
 
 
@@ -62,6 +68,7 @@ def task_update(user, *, task_id: int, title=_UNSET, notes=_UNSET, due=_UNSET) -
         task.notes = notes
     if due is not _UNSET:
         task.due = parse_date(due, field="due")
+    provenance_stamp(task)
     task.save()
     return {"task": _data(task)}
 
@@ -72,7 +79,8 @@ def task_complete(user, *, task_id: int) -> dict:
     if not already_done:
         task.status = Task.Status.DONE
         task.completed_at = timezone.now()
-        task.save(update_fields=["status", "completed_at"])
+        provenance_stamp(task)
+        task.save(update_fields=["status", "completed_at", "provenance"])
     return {"task": _data(task), "already_done": already_done}
 
 
@@ -87,7 +95,13 @@ def _data(task: Task, today=None) -> dict:
         "overdue": task.status == Task.Status.OPEN and task.due is not None and task.due < today,
         "created_at": iso(task.created_at),
         "completed_at": iso(task.completed_at),
+        **provenance_data(task),
     }
+
+
+def _outside(arguments: dict, result: dict) -> list[str]:
+    """The tasks in a result that an agent wrote from outside content."""
+    return rows_outside("task", result, "task", "tasks")
 
 
 _TITLE = schema.text("Short title.", max_length=TITLE_MAX, min_length=1, one_line=True)
@@ -116,6 +130,7 @@ DOMAIN = Domain(
                 }
             ),
             handler=task_search,
+            outside=_outside,
             read_only=True,
         ),
         Skill(
@@ -126,6 +141,7 @@ DOMAIN = Domain(
                 required=("title",),
             ),
             handler=task_create,
+            outside=_outside,
             effect=lambda arguments, result: f"created task “{result['task']['title']}”",
         ),
         Skill(
@@ -141,6 +157,7 @@ DOMAIN = Domain(
                 required=("task_id",),
             ),
             handler=task_update,
+            outside=_outside,
             effect=lambda arguments, result: f"changed task “{result['task']['title']}”",
         ),
         Skill(
@@ -148,6 +165,7 @@ DOMAIN = Domain(
             description="Mark a task done (doing it twice is harmless).",
             parameters=schema.params({"task_id": schema.record_id("task")}, required=("task_id",)),
             handler=task_complete,
+            outside=_outside,
             effect=lambda arguments, result: f"completed task “{result['task']['title']}”",
         ),
     ),
