@@ -93,7 +93,10 @@ def question(turn: Turn) -> SkillApproval:
 
 
 def answer(turn: Turn, *, approve: bool) -> Turn:
-    approval_answer(turn=turn, user=turn.conversation.owner, approve=approve)
+    """The owner's answer to the question on the screen, naming it as the page does."""
+    asked = question(turn)
+    approval_answer(turn=turn, user=turn.conversation.owner, approval_id=asked.pk, digest=asked.digest,
+                    approve=approve)
     turn.refresh_from_db()
     return turn
 
@@ -271,7 +274,7 @@ def run_until_answered(turn: Turn) -> Turn:
             return turn
         pause = turn.pauses.get(decision="")
         if pause.limit == APPROVAL:
-            approval_answer(turn=turn, user=turn.conversation.owner, approve=True)
+            answer(turn, approve=True)
         else:
             turn_continue(turn=turn, user=turn.conversation.owner)
         turn.refresh_from_db()
