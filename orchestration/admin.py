@@ -291,8 +291,10 @@ class ConversationAdmin(EventLinksMixin, AuditAdmin):
     list_filter = ["owner", "created_at"]
     search_fields = ["title", "owner__username", "messages__content"]
     date_hierarchy = "created_at"
-    readonly_fields = ["audit_view_link", "events_link", "created_at", "updated_at"]
+    readonly_fields = ["audit_view_link", "events_link", "outside_json", "outside_since", "created_at", "updated_at"]
     inlines = [TurnInline, MessageInline]
+
+    outside_json = json_display("outside", "outside content its agents have read (later turns carry it)")
 
     @admin.display(description="dashboard")
     def audit_view_link(self, obj):

@@ -26,6 +26,9 @@ class TaskAdmin(StaffCanView, admin.ModelAdmin):
     search_fields = ["title", "notes", "owner__username"]
     list_select_related = ["owner"]
     raw_id_fields = ["owner"]
+    # What outside content the writing agent had seen: cleared by hand, a row's text
+    # would no longer count as outside content when an agent reads it back.
+    readonly_fields = ["provenance"]
     date_hierarchy = "created_at"
 
 
@@ -36,7 +39,7 @@ class CalendarEventAdmin(StaffCanView, admin.ModelAdmin):
     search_fields = ["title", "owner__username"]
     list_select_related = ["owner"]
     raw_id_fields = ["owner"]
-    readonly_fields = ["end"]
+    readonly_fields = ["end", "provenance"]  # provenance: as TaskAdmin's
     date_hierarchy = "start"
 
 
