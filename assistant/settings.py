@@ -215,10 +215,18 @@ Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)
 ASSISTANT_AGENTS_IN_FLIGHT = env_int("ASSISTANT_AGENTS_IN_FLIGHT", 200, minimum=1)  # per qcluster
 # Each runner's threads for database and skill work, each with its own connection: the
 # connections a worker process holds, however many agents it has in flight.
-ASSISTANT_RUNNER_DB_THREADS = env_int("ASSISTANT_RUNNER_DB_THREADS", 8, minimum=1)
+# The engine's bookkeeping (claims, heartbeats, storing answers) has threads of its own,
+# apart from skills: a slow or hung skill never delays another agent's step.
+ASSISTANT_RUNNER_DB_THREADS = env_int("ASSISTANT_RUNNER_DB_THREADS", 4, minimum=1)
+ASSISTANT_RUNNER_SKILL_THREADS = env_int("ASSISTANT_RUNNER_SKILL_THREADS", 6, minimum=1)
 # A worker process that ends (recycled, or the cluster stopping) lets its agents finish for
-# this long, then hands the rest back to the queue at their next step.
+# this long, then cuts their model calls short and hands them back to the queue at once
+# (the answer they were waiting for is asked again elsewhere; nothing waits out a lease).
 ASSISTANT_RUNNER_DRAIN_SECONDS = env_float("ASSISTANT_RUNNER_DRAIN_SECONDS", 10.0, minimum=0)
+# A step that meets a transient database error (the server restarting, a lost connection,
+# a deadlock) tries again on a fresh connection for this long before leaving the work to
+# its lease (orchestration/dbretry.py).
+ASSISTANT_DB_RETRY_SECONDS = env_float("ASSISTANT_DB_RETRY_SECONDS", 60.0, minimum=0)
 Q_TIMEOUT = env_int("Q_TIMEOUT", 600, minimum=1)
 Q_CLUSTER = {
     "name": "assistant",

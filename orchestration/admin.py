@@ -341,7 +341,7 @@ class TurnAdmin(EventLinksMixin, AuditAdmin):
 @admin.register(AgentDispatch)
 class AgentDispatchAdmin(EventLinksMixin, AuditAdmin):
     event_filter = DispatchFilter.parameter_name
-    list_display = ["id", "agent_id", "turn", "parent", "profile_name", "state", "outcome", "tool_calls_used", "attempts", "duration_ms", "created_at"]
+    list_display = ["id", "agent_id", "turn", "parent", "profile_name", "state", "outcome", "tool_calls_used", "crashes", "duration_ms", "created_at"]
     list_filter = ["state", "outcome", "profile_name", TurnFilter, "created_at", "turn__conversation__owner"]
     search_fields = ["agent_id", "mission", "result", "turn__conversation__title"]
     date_hierarchy = "created_at"

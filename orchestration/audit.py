@@ -41,7 +41,7 @@ def dispatch_tree(dispatches: list[AgentDispatch], spend: TurnSpend, parent_id=N
             "mission": d.mission, "skills": d.skills, "depends_on": d.depends_on,
             "close_reason": d.close_reason, "result": d.result, "error": d.error,
             "tool_calls_used": d.tool_calls_used, "max_tool_calls": d.max_tool_calls,
-            "attempts": d.attempts, "retries": d.retries, "contract": d.contract,
+            "crashes": d.crashes, "retries": d.retries, "contract": d.contract,
             "usage": spend.agent(d.pk).to_json(), "usage_with_children": spend.agent_total(d.pk).to_json(),
             "created_at": _iso(d.created_at), "started_at": _iso(d.started_at),
             "finished_at": _iso(d.finished_at), "closed_at": _iso(d.closed_at), "duration_ms": d.duration_ms,

@@ -12,9 +12,17 @@ from orchestration.pricing import price_table_problems
 def lease_outlasts_a_step(app_configs=None, **kwargs):
     llm = settings.ASSISTANT_LLM_TIMEOUT_SECONDS * (settings.ASSISTANT_LLM_MAX_RETRIES + 1)
     step = max(llm, settings.ASSISTANT_LIMITS["skill_timeout_seconds"])
+    problems = []
+    if settings.ASSISTANT_LEASE_SECONDS <= settings.ASSISTANT_DB_RETRY_SECONDS:
+        problems.append(Warning(
+            f"ASSISTANT_LEASE_SECONDS ({settings.ASSISTANT_LEASE_SECONDS}) does not outlast "
+            f"ASSISTANT_DB_RETRY_SECONDS ({settings.ASSISTANT_DB_RETRY_SECONDS:.0f}).",
+            hint="A step retrying through a database restart would lose its lease to the reaper meanwhile.",
+            id="orchestration.W002",
+        ))
     if settings.ASSISTANT_LEASE_SECONDS > step:
-        return []
-    return [
+        return problems
+    return problems + [
         Warning(
             f"ASSISTANT_LEASE_SECONDS ({settings.ASSISTANT_LEASE_SECONDS}) does not outlast one step "
             f"(an LLM call with retries can take {llm:.0f} s).",

@@ -1,16 +1,18 @@
 """Sub-agent lifecycle and the DAG scheduler (DESIGN.md §4).
 
 `created → running → waiting_for_merge → completed | failed → closed`; an agent whose run
-failed goes `running → failed`; `skipped` and `cancelled` go straight on to `closed`; and
-`running → created` hands an agent back (a pause, a wait for its own agents, the reaper).
+failed goes `running → failed`; `skipped` and `cancelled` go straight on to `closed`;
+`running → waiting → created` is a delegating agent waiting for its own agents, and
+`running → created` gives an agent back (a pause, a hand-back, a crash the reaper found).
 Every change of state is one conditional UPDATE in `transition`, written with its event
 in the same transaction.
 
-Whenever a dispatch reaches a terminal state, `dispatch_settle` runs with the turn row
-locked: it schedules (skips what can no longer start, starts what became ready) and
-wakes the waiting orchestrator once everything it waits for is terminal — under the
-lock, so no wake-up is ever lost. When the turn ends, in any way, `turn_dispatches_close`
-closes every dispatch it has.
+One rule decides what runs next, `dispatch_schedule`, always with the turn row locked:
+it skips what can no longer start, wakes whoever waits on agents that are all done (a
+delegating agent, or the orchestrator), and queues whatever can run and is not queued.
+It runs whenever something changes (a dispatch ends, an agent is given back, a turn
+resumes) and, for what a dead worker left behind, from the reaper. When the turn ends,
+in any way, `turn_dispatches_close` closes every dispatch it has.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ TERMINAL_STATES = frozenset(
         DispatchState.CLOSED,
     }
 )
-OPEN_STATES = (DispatchState.CREATED, DispatchState.RUNNING)
+OPEN_STATES = (DispatchState.CREATED, DispatchState.RUNNING, DispatchState.WAITING)
 SUCCESS_OUTCOMES = frozenset({DispatchOutcome.COMPLETED, DispatchOutcome.BUDGET_EXCEEDED})
 
 
@@ -84,39 +86,42 @@ def lock_turn(turn_id: int) -> Turn:
 # --- scheduling -------------------------------------------------------------------------
 
 
-def dispatch_schedule(turn: Turn, dispatches: list[AgentDispatch] | None = None) -> list[AgentDispatch]:
-    """Skip every created dispatch that can no longer start, then enqueue the ready ones:
-    those whose dependencies all succeeded and, for a delegating agent waiting on its own
-    agents, whose awaited agents are all terminal. Call with the turn locked (and, if
-    given, the turn's `dispatches` as read under that lock).
+def dispatch_schedule(turn: Turn, dispatches: list[AgentDispatch] | None = None, *,
+                      stale_before=None) -> list[AgentDispatch]:
+    """The one rule for what runs next; call with the turn locked (and, if given, the
+    turn's `dispatches` as read under that lock). Returns the dispatches it queued.
 
-    Skipping here, whenever the graph is looked at, and not only when a dependency
-    fails, means no dispatch can wait on something that will never happen: whatever
-    order its dependencies ended in, however it was dispatched.
-
-    A dispatch already queued and not yet claimed (`queued_at`) is not queued again: with
-    fewer workers than agents, every agent that finished used to queue all its waiting
-    siblings once more — duplicate tasks that cost a worker a claim each, O(agents²) per
-    turn. A task lost with its cluster is the reaper's (reaper._requeue_unclaimed)."""
+    - Skip every created dispatch that can no longer start (a dependency did not
+      succeed): whenever the graph is looked at, so nothing waits on what will never come.
+    - Wake every agent waiting for its own agents once they are all done (→ created).
+    - Queue every created dispatch whose dependencies all succeeded and that is not
+      queued: never queued, or (from the reaper, `stale_before`) queued before then and
+      still unclaimed, its task lost with a killed cluster. A queued dispatch is not
+      queued again otherwise: O(agents) tasks per turn, not O(agents²).
+    - The orchestrator likewise: woken when its agents are done, queued when it can run
+      and nobody holds or has queued it."""
     if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
         return []
     if dispatches is None:
         dispatches = list(turn.dispatches.all())
     by_id = {d.agent_id: d for d in dispatches}
     _skip_unstartable(dispatches, by_id)
+    for waiting in [d for d in dispatches if d.state == DispatchState.WAITING]:
+        awaited = (waiting.awaiting or {}).get("agent_ids") or []
+        if all(name not in by_id or is_terminal(by_id[name]) for name in awaited):
+            if transition(waiting.pk, source=DispatchState.WAITING, target=DispatchState.CREATED, queued_at=None):
+                waiting.state, waiting.queued_at = DispatchState.CREATED, None
 
-    def ready(d: AgentDispatch) -> bool:
-        awaited = (d.awaiting or {}).get("agent_ids") or []
-        return (
-            d.state == DispatchState.CREATED
-            and d.queued_at is None
-            and all(succeeded(by_id[dep]) for dep in d.depends_on)
-            and all(name not in by_id or is_terminal(by_id[name]) for name in awaited)
-        )
+    def unqueued(queued_at) -> bool:
+        return queued_at is None or (stale_before is not None and queued_at < stale_before)
 
-    started = [d for d in dispatches if ready(d)]
+    started = [d for d in dispatches if d.state == DispatchState.CREATED and unqueued(d.queued_at)
+               and all(succeeded(by_id[dep]) for dep in d.depends_on)]
     if started:
         enqueue_subagents([d.pk for d in started])
+    orchestrator_wake_if_ready(turn, dispatches)
+    if turn.status == TurnStatus.RUNNING and not turn.lease_token and unqueued(turn.queued_at):
+        enqueue_orchestrator_step(turn.pk)
     return started
 
 
@@ -156,9 +161,7 @@ def dispatch_settle(*, turn_id: int, dispatch: AgentDispatch) -> None:
         # will read what its still-open agents produce.
         for child in _open_descendants(dispatch):
             dispatch_cancel(child, reason=f"cancelled: its parent {dispatch.agent_id} finished first")
-    dispatches = list(turn.dispatches.all())
-    dispatch_schedule(turn, dispatches)
-    orchestrator_wake_if_ready(turn, dispatches)
+    dispatch_schedule(turn)
 
 
 def _open_descendants(dispatch: AgentDispatch) -> list[AgentDispatch]:
@@ -183,8 +186,40 @@ def orchestrator_wake_if_ready(turn: Turn, dispatches: list[AgentDispatch] | Non
         return False
     if Turn.objects.filter(pk=turn.pk, status=TurnStatus.WAITING).update(status=TurnStatus.RUNNING):
         enqueue_orchestrator_step(turn.pk)
+        turn.status, turn.queued_at = TurnStatus.RUNNING, timezone.now()
         return True
     return False
+
+
+# --- giving back: pauses, hand-backs, crashes -------------------------------------------
+
+
+def agent_give_back(dispatch_id: int, token: str | None) -> bool:
+    """running → created: the agent stops here and runs again later, from its stored
+    steps (a pause, this process ending, or — token None — its worker died). Under the
+    turn's lock and followed by the schedule rule, so an owner's Continue that commits
+    at any moment before or after finds it: queued if its turn runs, held if paused."""
+    with transaction.atomic():
+        turn = lock_turn(AgentDispatch.objects.values_list("turn_id", flat=True).get(pk=dispatch_id))
+        where = {"lease_token": token} if token is not None else {}
+        if not transition(dispatch_id, source=DispatchState.RUNNING, target=DispatchState.CREATED, where=where,
+                          lease_token="", lease_expires_at=None, queued_at=None):
+            return False
+        dispatch_schedule(turn)
+    return True
+
+
+def turn_give_back(turn_id: int, token: str) -> bool:
+    """The orchestrator lets go of its turn (a pause, this process ending); queued again
+    at once if the turn still runs (a Continue may have come in meanwhile)."""
+    with transaction.atomic():
+        turn = lock_turn(turn_id)
+        if turn.lease_token != token:
+            return False
+        Turn.objects.filter(pk=turn_id).update(lease_token="", lease_expires_at=None, queued_at=None)
+        turn.lease_token, turn.queued_at = "", None
+        dispatch_schedule(turn)
+    return True
 
 
 # --- ending: skipped, cancelled, merged, closed ------------------------------------------
@@ -295,7 +330,7 @@ def turn_dispatches_close(turn: Turn, *, reason: str) -> None:
 def dispatch_usage_settle(dispatch: AgentDispatch) -> None:
     """An agent that ended without finishing its run (cancelled, skipped after a pause,
     dead-lettered): its usage, counted from its stored model calls, goes to its row and
-    its turn. (A run that finishes writes its own: subagent._finish.)"""
+    its turn. (A run that finishes writes its own: engine/agent.py `_finish`.)"""
     usage = LLMCall.objects.filter(dispatch_id=dispatch.pk).aggregate(
         llm_calls=Count("id"), prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens"),
         cached_tokens=Sum("cached_tokens"))

@@ -86,12 +86,14 @@ class Turn(models.Model):
     prior_window_calls = models.PositiveIntegerField(default=0)
     # What the waiting orchestrator step is waiting for: {"tool_call_id", "agent_ids"}.
     awaiting = models.JSONField(default=dict, blank=True)
-    # The orchestrator step's lease (crash safety) and delivery count (dead-lettering).
+    # The orchestrator's lease (crash safety).
     lease_token = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # When its step was last handed to the broker and not yet claimed (see the reaper).
     queued_at = models.DateTimeField(null=True, blank=True)
-    step_attempts = models.PositiveIntegerField(default=0)
+    # How often the orchestrator's worker died holding it (an expired lease), for
+    # dead-lettering; pauses, waits, Continues and hand-backs count nothing.
+    crashes = models.PositiveIntegerField(default=0)
     llm_retries = models.PositiveIntegerField(default=0)  # transient-failure retries used
     error = models.TextField(blank=True)
     # The owner's time zone when the turn started: every skill reads dates in it, and the
@@ -292,6 +294,7 @@ class AgentProfile(models.Model):
 class DispatchState(models.TextChoices):
     CREATED = "created"
     RUNNING = "running"
+    WAITING = "waiting"  # for its own agents (a delegating agent); no worker held
     WAITING_FOR_MERGE = "waiting_for_merge"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -347,14 +350,14 @@ class AgentDispatch(models.Model):
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
     cached_tokens = models.PositiveIntegerField(default=0)
-    attempts = models.PositiveIntegerField(default=0)  # deliveries, for dead-lettering
+    crashes = models.PositiveIntegerField(default=0)  # workers that died holding it (expired leases)
     retries = models.PositiveIntegerField(default=0)  # transient-failure retries used
     lease_token = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # When its task was last handed to the broker and not yet claimed (see the reaper).
     queued_at = models.DateTimeField(null=True, blank=True)
-    # A delegating agent back in `created` until its own agents finish (no worker held):
+    # A delegating agent `waiting` until its own agents finish (no worker held):
     # {"tool_call_id", "agent_ids"} of the get_agent_results call it is waiting on.
     awaiting = models.JSONField(default=dict, blank=True)
     # Outside content (orchestration/approvals.py): while it runs, what reached it from

@@ -20,7 +20,6 @@ from orchestration.history import message_append
 from orchestration.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
 from orchestration.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
-from orchestration.tasks import enqueue_orchestrator_step
 
 APPROVAL = "approval"  # the limit of an approval's pause (orchestration/approvals.py)
 
@@ -50,10 +49,12 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
         except IntegrityError:
             return None  # already paused by a concurrent trip
         trip.record(pause)
-        Turn.objects.filter(pk=turn.pk).update(
-            status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0, answer_draft="",
-            # the waiting state is re-derived on resume, from the pending tool call
-        )
+        # The waiting state is re-derived on resume, from the pending tool call. An
+        # orchestrator in the middle of a model call keeps its lease (its answer is paid
+        # for and will be stored); it lets go at its next step, or goes on if the owner
+        # has pressed Continue by then.
+        held = {"lease_token": "", "lease_expires_at": None} if token is not None else {}
+        Turn.objects.filter(pk=turn.pk).update(status=TurnStatus.PAUSED, answer_draft="", **held)
         event_record(type="limit.tripped", turn=turn, summary=trip.summary(pause.words.label),
                      payload=detail | {"limit": trip.limit})
         # A one-line record in the chat; the question itself, with its buttons, is the
@@ -202,7 +203,7 @@ def turn_resume(*, turn: Turn, pause: TurnPause, user, limits: dict | None = Non
             raise AlreadyAnswered("This turn was already resumed or stopped.")
         limits = limits if limits is not None else turn.limits
         Turn.objects.filter(pk=turn.pk).update(
-            status=TurnStatus.RUNNING, limits=limits,
+            status=TurnStatus.RUNNING, limits=limits, queued_at=None,
             # Only a fresh budget counts toward turn_max_continues (an approval or a
             # renewed allowance grants none).
             continuations=F("continuations") + (0 if pause.limit in (APPROVAL, SPEND_CAP) else 1),
@@ -218,6 +219,5 @@ def turn_resume(*, turn: Turn, pause: TurnPause, user, limits: dict | None = Non
                      "approved_at": timezone.now().isoformat(), "limits": limits},
         )
         turn.refresh_from_db()
-        lifecycle.dispatch_schedule(turn)
-        enqueue_orchestrator_step(turn.pk)
+        lifecycle.dispatch_schedule(turn)  # the orchestrator, and every agent given back meanwhile
     return turn

@@ -1,11 +1,16 @@
-"""The periodic reaper (a django-q2 schedule): recovers work whose worker died.
+"""The periodic reaper (a django-q2 schedule): finds work a dead worker left behind.
 
-A running dispatch or orchestrator step whose lease expired is handed out again, up to
-ASSISTANT_MAX_STEP_ATTEMPTS deliveries; past that it is dead-lettered with an error the
-user sees. Work queued longer than a lease ago and still unclaimed is queued again: its
-task may have died with a killed cluster (a duplicate delivery is a no-op claim). A
-waiting turn whose agents are all done is woken, and so is a delegating agent waiting
-on its own agents, in case the wake-up was lost with a worker.
+Two things, for every active turn, under its lock:
+
+1. A lease that expired means the worker holding it died (a live one renews it at every
+   step): that is a crash, counted on the work. Past ASSISTANT_MAX_STEP_ATTEMPTS crashes
+   it is dead-lettered with an error the user sees; otherwise it is runnable again.
+   Nothing else counts: pauses, waits, Continues and hand-backs are not crashes.
+2. The schedule rule (orchestration/dispatches.py `dispatch_schedule`), with
+   `stale_before` a lease ago: whatever can run and is neither held nor queued since
+   then is queued again (its task may have died with a killed cluster; a duplicate
+   delivery is a claim that does nothing), and whoever waits on agents that are all
+   done is woken. Whatever interleaving left work runnable and unqueued, this finds it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from django.utils import timezone
 from orchestration import dispatches as lifecycle
 from orchestration.events import event_record
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
-from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagent, enqueue_subagents
 from orchestration.turns import turn_fail
 
 logger = logging.getLogger(__name__)
@@ -28,66 +32,58 @@ logger = logging.getLogger(__name__)
 
 def reap_expired() -> dict:
     now = timezone.now()
-    counts = {"dispatches_requeued": 0, "dispatches_dead": 0, "turns_requeued": 0, "turns_dead": 0, "turns_woken": 0,
-              "parents_woken": 0, "queued_again": 0}
-    for dispatch in AgentDispatch.objects.filter(state=DispatchState.RUNNING, lease_expires_at__lt=now):
-        counts["dispatches_dead" if _reap_dispatch(dispatch) else "dispatches_requeued"] += 1
-    for turn in Turn.objects.filter(status=TurnStatus.RUNNING, lease_expires_at__lt=now):
-        if turn.step_attempts >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:
-            turn_fail(turn_id=turn.pk, token=turn.lease_token,
-                      error=f"The orchestrator's worker stopped {turn.step_attempts} times; giving up (dead-lettered).")
-            counts["turns_dead"] += 1
-        elif Turn.objects.filter(pk=turn.pk, lease_token=turn.lease_token).update(lease_token="", lease_expires_at=None):
-            enqueue_orchestrator_step(turn.pk)
-            counts["turns_requeued"] += 1
-    counts["queued_again"] = _requeue_unclaimed(now - timedelta(seconds=settings.ASSISTANT_LEASE_SECONDS))
-    for turn in Turn.objects.filter(status=TurnStatus.WAITING):
-        with transaction.atomic():
-            counts["turns_woken"] += lifecycle.orchestrator_wake_if_ready(lifecycle.lock_turn(turn.pk))
-    waiting_parents = AgentDispatch.objects.filter(
-        state=DispatchState.CREATED, turn__status__in=[TurnStatus.RUNNING, TurnStatus.WAITING]
-    ).exclude(awaiting={})
-    for turn_id in set(waiting_parents.values_list("turn_id", flat=True)):
-        with transaction.atomic():
-            started = lifecycle.dispatch_schedule(lifecycle.lock_turn(turn_id))
-            counts["parents_woken"] += sum(1 for d in started if d.awaiting)
+    stale_before = now - timedelta(seconds=settings.ASSISTANT_LEASE_SECONDS)
+    counts = {"crashes": 0, "dispatches_dead": 0, "turns_dead": 0, "queued_again": 0, "woken": 0}
+    for turn_id in Turn.objects.filter(status__in=[TurnStatus.RUNNING, TurnStatus.WAITING]).values_list("pk", flat=True):
+        _reap_turn(turn_id, now, stale_before, counts)
     if any(counts.values()):
         logger.warning("Reaper: %s", counts)
     return counts
 
 
-def _requeue_unclaimed(queued_before) -> int:
-    turns = Turn.objects.filter(status=TurnStatus.RUNNING, lease_token="", queued_at__lt=queued_before)
-    dispatches = AgentDispatch.objects.filter(
-        state=DispatchState.CREATED, queued_at__lt=queued_before,
-        turn__status__in=[TurnStatus.RUNNING, TurnStatus.WAITING],
-    )
-    turn_ids = list(turns.values_list("pk", flat=True))
-    dispatch_ids = list(dispatches.values_list("pk", flat=True))
-    for turn_id in turn_ids:
-        enqueue_orchestrator_step(turn_id)
-    if dispatch_ids:
-        enqueue_subagents(dispatch_ids)
-    return len(turn_ids) + len(dispatch_ids)
-
-
 @transaction.atomic
-def _reap_dispatch(dispatch: AgentDispatch) -> bool:
-    """Re-queue, or dead-letter past the attempt limit. True when dead-lettered."""
-    if dispatch.attempts >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:
-        error = f"The worker stopped {dispatch.attempts} times; giving up (dead-lettered)."
-        now = timezone.now()
-        if lifecycle.transition(
-            dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.FAILED,
-            where={"lease_token": dispatch.lease_token}, outcome=DispatchOutcome.FAILED, error=error,
-            result=error, finished_at=now, lease_token="", lease_expires_at=None,
-        ):
-            event_record(type="agent.subagent_failed", dispatch=dispatch, summary=f"{dispatch.agent_id} failed: dead-lettered",
-                         payload={"sub_agent_id": dispatch.agent_id, "outcome": "failed", "error": error})
-            lifecycle.dispatch_usage_settle(dispatch)
-            lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch=dispatch)
-        return True
-    if lifecycle.transition(dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.CREATED,
-                            where={"lease_token": dispatch.lease_token}, lease_token="", lease_expires_at=None):
-        enqueue_subagent(dispatch.pk)
-    return False
+def _reap_turn(turn_id: int, now, stale_before, counts: dict) -> None:
+    turn = lifecycle.lock_turn(turn_id)
+    if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
+        return
+    for dispatch in turn.dispatches.filter(state=DispatchState.RUNNING, lease_expires_at__lt=now):
+        counts["crashes"] += 1
+        if _dispatch_crashed(dispatch):
+            counts["dispatches_dead"] += 1
+    if turn.status == TurnStatus.RUNNING and turn.lease_token and turn.lease_expires_at < now:
+        counts["crashes"] += 1
+        crashes = turn.crashes + 1
+        if crashes >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:
+            turn_fail(turn_id=turn.pk, token=turn.lease_token,
+                      error=f"The orchestrator's worker stopped {crashes} times; giving up (dead-lettered).")
+            counts["turns_dead"] += 1
+            return
+        Turn.objects.filter(pk=turn.pk).update(crashes=crashes, lease_token="", lease_expires_at=None, queued_at=None)
+        turn.lease_token, turn.queued_at = "", None
+    was_waiting = turn.status == TurnStatus.WAITING
+    waiting_agents = turn.dispatches.filter(state=DispatchState.WAITING).count()
+    dispatches = list(turn.dispatches.all())
+    counts["queued_again"] += len(lifecycle.dispatch_schedule(turn, dispatches, stale_before=stale_before))
+    counts["woken"] += (was_waiting and turn.status == TurnStatus.RUNNING) + (
+        waiting_agents - sum(d.state == DispatchState.WAITING for d in dispatches))
+
+
+def _dispatch_crashed(dispatch: AgentDispatch) -> bool:
+    """Its worker died: runnable again, or dead-lettered past the crash limit (True)."""
+    crashes = dispatch.crashes + 1
+    if crashes < settings.ASSISTANT_MAX_STEP_ATTEMPTS:
+        lifecycle.transition(dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.CREATED,
+                             where={"lease_token": dispatch.lease_token}, crashes=crashes, lease_token="",
+                             lease_expires_at=None, queued_at=None)
+        return False
+    error = f"The worker stopped {crashes} times; giving up (dead-lettered)."
+    if lifecycle.transition(
+        dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.FAILED,
+        where={"lease_token": dispatch.lease_token}, outcome=DispatchOutcome.FAILED, error=error, crashes=crashes,
+        result=error, finished_at=timezone.now(), lease_token="", lease_expires_at=None,
+    ):
+        event_record(type="agent.subagent_failed", dispatch=dispatch, summary=f"{dispatch.agent_id} failed: dead-lettered",
+                     payload={"sub_agent_id": dispatch.agent_id, "outcome": "failed", "error": error})
+        lifecycle.dispatch_usage_settle(dispatch)
+        lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch=dispatch)
+    return True

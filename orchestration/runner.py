@@ -3,26 +3,29 @@
 A model call takes seconds; a step's CPU work takes milliseconds. So a qcluster worker
 process does not sit in one agent's model call: it hosts one runner, an asyncio loop on
 a thread of its own, where every agent and orchestrator step it was handed runs as a
-task. A task awaits the model (the SDK's async client) and hands its database and skill
-work (`db`) to a few threads that keep their own connections, so a process holds a
-bounded number of connections however many agents it has in flight.
+task (orchestration/engine/loop.py). A task awaits the model (the SDK's async client)
+and hands the rest to two small pools of threads, each thread with its own connection:
 
-django-q2 still brings the work (orchestration/tasks.py): the task for an agent hands it
-to the runner and returns, and the process goes back to the queue at once. While the
-runner is full the task waits (backpressure), and past a while goes back on the queue
-for another process. Work that becomes ready here (an agent's dependents, the
-orchestrator its last agent wakes) starts here when there is room, with no queue hop.
+- `db`: the engine's bookkeeping (claims, heartbeats, storing answers, scheduling);
+- `skills`: acting on skill calls, which may take up to a skill's timeout.
 
-Outside a qcluster worker (inline tasks in tests, `manage.py ask --sync`) there is no
-runner: the same coroutines run to the end on a temporary loop and their database work
-runs in the calling thread, as it always did.
+Apart, so that eight slow skills cannot hold up a heartbeat, a claim or another agent's
+step. A process holds a bounded number of connections however many agents it has in
+flight, and checks a connection that sat idle before it uses it again (what Django's
+CONN_HEALTH_CHECKS does once a request), so a restarted database costs one failed step,
+retried (orchestration/dbretry.py), not a dead thread.
+
+django-q2 brings the work (orchestration/tasks.py); work that becomes ready here (an
+agent's dependents, the orchestrator its last agent wakes) starts here when there is
+room, with no queue hop. Outside a qcluster worker (inline tasks in tests, `manage.py
+ask --sync`) there is no runner: the same coroutines run to the end on a temporary loop
+and their database work runs in the calling thread.
 
 When the worker process ends (django-q2 recycles it, or the cluster stops) the runner
-drains: it takes no new work and lets what is in flight finish, for up to
-ASSISTANT_RUNNER_DRAIN_SECONDS; then whatever is still in flight stops at its next step
-and goes back to the queue (its stored steps replay elsewhere). The process exits once
-none is left. (Handing back at once would never let an agent finish on workers that
-are recycled often.)
+drains: it takes no new work and lets what is in flight finish for up to
+ASSISTANT_RUNNER_DRAIN_SECONDS; then it cuts the model calls still in flight short and
+each hands its work back to the queue at once (its stored steps replay elsewhere). The
+process exits once none is left; nothing waits out a lease.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import functools
 import logging
 import math
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing import util
@@ -41,33 +45,35 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
+from orchestration.dbretry import fresh_connection
 from orchestration.llm.base import pool_connections_on
 
 logger = logging.getLogger(__name__)
 
-DRAIN_SECONDS_PAST_A_MODEL_CALL = 30.0
+# A thread's connection idle longer than this is checked before use (one SELECT 1).
+HEALTH_CHECK_IDLE_SECONDS = 5.0
+# After the in-flight model calls are cut short: the time their hand-backs may take.
+HAND_BACK_SECONDS = 30.0
 
 Job = Callable[[int], Awaitable[None]]
 
 
-class HandBack(Exception):
-    """This process is ending: the work goes back to the queue at its next step."""
-
-
 class Runner:
-    def __init__(self, *, capacity: int, db_threads: int):
+    def __init__(self, *, capacity: int, db_threads: int, skill_threads: int):
         self.capacity = capacity
         self.loop = asyncio.new_event_loop()
         pool_connections_on(self.loop)
         self.db_executor = ThreadPoolExecutor(db_threads, thread_name_prefix="runner-db")
+        self.skill_executor = ThreadPoolExecutor(skill_threads, thread_name_prefix="runner-skill")
         self.loop.set_default_executor(self.db_executor)
         self._slots = threading.BoundedSemaphore(capacity)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._tasks: set[asyncio.Task] = set()
         self.in_flight = 0
         self.peak_in_flight = 0
         self.draining = False  # no new work
-        self.handing_back = False  # and what is in flight stops at its next step
+        self.handing_back = False  # and what is in flight goes back to the queue
         self._thread = threading.Thread(target=self._run_loop, name="runner-loop", daemon=True)
         self._thread.start()
 
@@ -88,12 +94,21 @@ class Runner:
         with self._lock:
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        asyncio.run_coroutine_threadsafe(self._run(job, item_id), self.loop)
+        self.loop.call_soon_threadsafe(self._create_task, job, item_id)
         return True
+
+    def _create_task(self, job: Job, item_id: int) -> None:
+        task = self.loop.create_task(self._run(job, item_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if self.handing_back:
+            task.cancel()
 
     async def _run(self, job: Job, item_id: int) -> None:
         try:
             await job(item_id)
+        except asyncio.CancelledError:
+            pass  # handed back (engine/loop.py), or cancelled before it began
         except Exception:  # the job's own handlers record what went wrong; this is a bug
             logger.exception("Runner: %s(%s) failed", getattr(job, "__qualname__", job), item_id)
         finally:
@@ -102,18 +117,25 @@ class Runner:
                 self.in_flight -= 1
                 self._idle.notify_all()
 
-    def drain(self, finish_within: float, hand_back_within: float) -> None:
+    def drain(self, finish_within: float, hand_back_within: float = HAND_BACK_SECONDS) -> None:
         """Stop taking work; let what is in flight finish for `finish_within` seconds,
-        then have the rest hand itself back at its next step, within `hand_back_within`."""
+        then cut the rest short: each hands its work back to the queue at once."""
         self.draining = True
         with self._lock:
-            if not self._idle.wait_for(lambda: self.in_flight == 0, timeout=finish_within):
-                self.handing_back = True
+            finished = self._idle.wait_for(lambda: self.in_flight == 0, timeout=finish_within)
+        if not finished:
+            self.handing_back = True
+            self.loop.call_soon_threadsafe(self._cancel_all)
+            with self._lock:
                 self._idle.wait_for(lambda: self.in_flight == 0, timeout=hand_back_within)
-            left = self.in_flight
-        if left:
-            logger.warning("Runner: %s still in flight at exit; their leases will expire", left)
+        if self.in_flight:
+            logger.warning("Runner: %s still in flight at exit; their leases will expire", self.in_flight)
         self.db_executor.shutdown(wait=False, cancel_futures=True)
+        self.skill_executor.shutdown(wait=False, cancel_futures=True)
+
+    def _cancel_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
 
 
 _runner: Runner | None = None
@@ -129,33 +151,48 @@ def runner_start() -> Runner:
     global _runner
     workers = max(1, settings.Q_CLUSTER["workers"])
     _runner = Runner(capacity=math.ceil(settings.ASSISTANT_AGENTS_IN_FLIGHT / workers),
-                     db_threads=settings.ASSISTANT_RUNNER_DB_THREADS)
-    hand_back_within = settings.ASSISTANT_LLM_TIMEOUT_SECONDS + DRAIN_SECONDS_PAST_A_MODEL_CALL
+                     db_threads=settings.ASSISTANT_RUNNER_DB_THREADS,
+                     skill_threads=settings.ASSISTANT_RUNNER_SKILL_THREADS)
     # multiprocessing runs its finalizers when the process's target returns (django-q2's
     # worker loop ends on STOP or to recycle), before it joins the threads and exits.
-    util.Finalize(None, _runner.drain, args=(settings.ASSISTANT_RUNNER_DRAIN_SECONDS, hand_back_within),
-                  exitpriority=10)
+    util.Finalize(None, _runner.drain, args=(settings.ASSISTANT_RUNNER_DRAIN_SECONDS,), exitpriority=10)
     return _runner
 
 
 def handing_back() -> bool:
-    """Whether work in flight on this process must stop at its next step (HandBack)."""
+    """Whether work in flight on this process must go back to the queue now."""
     return _runner is not None and _runner.handing_back
 
 
 async def db(fn: Callable, /, *args, **kwargs):
-    """Run synchronous `fn` (the ORM, skills) away from the event loop: on the runner's
+    """Run synchronous `fn` (the ORM) away from the event loop: on the runner's
     database threads, or inline in the thread that started the loop."""
+    return await _on_pool(lambda runner: runner.db_executor, fn, args, kwargs)
+
+
+async def skills(fn: Callable, /, *args, **kwargs):
+    """Run synchronous `fn` that calls skills: on the runner's skill threads."""
+    return await _on_pool(lambda runner: runner.skill_executor, fn, args, kwargs)
+
+
+async def _on_pool(executor_of, fn: Callable, args: tuple, kwargs: dict):
     runner = current()
     if runner is not None and asyncio.get_running_loop() is runner.loop:
-        call = functools.partial(contextvars.copy_context().run, _on_db_thread, fn, args, kwargs)
-        return await runner.loop.run_in_executor(runner.db_executor, call)
-    return await sync_to_async(fn, thread_sensitive=True)(*args, **kwargs)
+        call = functools.partial(contextvars.copy_context().run, _on_thread, fn, args, kwargs)
+        return await runner.loop.run_in_executor(executor_of(runner), call)
+    return await sync_to_async(functools.partial(_on_thread, fn, args, kwargs), thread_sensitive=True)()
 
 
-def _on_db_thread(fn: Callable, args: tuple, kwargs: dict):
+_thread_state = threading.local()
+
+
+def _on_thread(fn: Callable, args: tuple, kwargs: dict):
+    last_used = getattr(_thread_state, "last_used", None)
+    idle = last_used is not None and time.monotonic() - last_used > HEALTH_CHECK_IDLE_SECONDS
+    if idle and not connection.in_atomic_block:
+        connection.close_if_unusable_or_obsolete()  # with CONN_HEALTH_CHECKS: checked at its next query
     try:
         return fn(*args, **kwargs)
     finally:
-        if connection.errors_occurred:  # a broken connection (a restarted server) is replaced
-            connection.close_if_unusable_or_obsolete()
+        _thread_state.last_used = time.monotonic()
+        fresh_connection()  # a broken connection (a restarted server) is replaced

@@ -23,7 +23,7 @@ def warm_up(**kwargs) -> None:
     if Conf.SYNC:  # django-q2 runs an inline task through its worker function: no process
         return
 
-    from orchestration import orchestrator, subagent  # noqa: F401 - import is the point
+    from orchestration.engine import agent, orchestrator  # noqa: F401 - import is the point
     from orchestration.runner import runner_start
 
     runner_start()

@@ -118,6 +118,7 @@ def qcluster(transactional_db, llm, tmp_path, monkeypatch, settings) -> Callable
             "ASSISTANT_LLM_TIMEOUT_SECONDS": "30",
             "ASSISTANT_LLM_RETRY_BACKOFF_SECONDS": "0.1",
             "ASSISTANT_LEASE_SECONDS": str(LEASE_SECONDS),
+            "ASSISTANT_DB_RETRY_SECONDS": str(LEASE_SECONDS - 1),  # within the lease (check W002)
             "SKILLS_JOURNAL_ROOT": str(tmp_path / "journal"),
             **(env or {}),
         }

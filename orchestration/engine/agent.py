@@ -1,0 +1,556 @@
+"""A sub-agent's role in the step machine (engine/loop.py; DESIGN.md §3–4), nested or not.
+
+A fresh, short run: a focused system prompt, the mission, its context and the results of
+the agents it depends on, and only the scoped `use_skill` tool (plus dispatch_agent and
+get_agent_results for an agent whose profile delegates, within the depth limit). Every
+answer is stored (LLMCall, keyed by the agent and its step) before its tools run, and
+every skill call is keyed by (dispatch, tool_call_id, skill, arguments), so a delivery
+after a crash, a pause or a wait for its own agents replays the stored steps and picks
+up where the last one stopped, without asking the model or running a side effect twice.
+
+Replaying is also what makes the budgets the agent's own: its tool and token counts are
+rebuilt from the replayed steps, exactly as they stood when each step was first taken.
+The wall clock runs from the agent's first start (`deadline_at`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from orchestration import approvals
+from orchestration import dispatches as lifecycle
+from orchestration import runner
+from orchestration.budget import reserve_skill_call
+from orchestration.delegation import (
+    can_delegate,
+    dispatch_create,
+    dispatch_result_json,
+    plan_batch,
+    profiles_by_name,
+    reserve_agents,
+)
+from orchestration.engine import steps
+from orchestration.engine.steps import Next
+from orchestration.engine.toolids import unique_ids
+from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED, event_record
+from orchestration.leases import LeaseLost, lease_until, new_token
+from orchestration.limits import Limits
+from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
+from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
+from orchestration.pauses import turn_pause
+from orchestration.pricing import call_cost
+from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
+from orchestration.spending import (
+    Caps, Reservation, agent_call_release, agent_call_reserve, caps_for, spend_release, spend_reserve, spend_settle,
+)
+from orchestration.toolcalls import error_json, load_json, parse_arguments
+from orchestration.tooldefs import DISPATCH_AGENT, GET_AGENT_RESULTS, delegation_tools, get_agent_results_parameters
+from skills.executor import SkillOutcome, execute_skill
+from skills.tools import use_skill_tool
+
+logger = logging.getLogger(__name__)
+
+USE_SKILL = "use_skill"
+# Replies that move nothing on (empty, cut off, or only calls to tools the agent does not
+# have) are answered with a nudge; this many in a row and the agent stops.
+MAX_IDLE_REPLIES = 3
+LIVE_TURN = (TurnStatus.RUNNING, TurnStatus.WAITING)
+
+
+@dataclass(kw_only=True)
+class Agent:
+    """An agent on this delivery: its row, its conversation so far and its counters,
+    rebuilt by replaying its stored steps (which is what makes its budgets its own)."""
+
+    dispatch: AgentDispatch
+    token: str
+    first_start: bool
+    label: str = ""
+    first_step: int = 0
+    limits: Limits | None = None
+    provider: object = None
+    user: object = None
+    delegates: bool = False
+    tools: list[dict] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    stored: dict[str, dict] = field(default_factory=dict)
+    usage: Usage = Usage()  # of every answer so far, stored ones included
+    reservation: Reservation | None = None  # of the model call being made (orchestration/spending.py)
+    caps: Caps | None = None  # the owner's allowance, as this delivery read it
+    counted: bool = False  # this step's call is counted against the turn's cap
+    llm_calls: int = 0
+    used: int = 0
+    idle: int = 0
+    last_text: str = ""
+    # The outside content that has reached the agent: from its dispatch (the orchestrator's
+    # or its parent's reading), its dependencies' reports and every result since (a replay
+    # rebuilds it from the stored results).
+    outside: list[str] = field(default_factory=list)
+
+    # --- claim and replay ---------------------------------------------------------------
+
+    @classmethod
+    @transaction.atomic
+    def claim(cls, dispatch_id: int) -> Agent | None:
+        """created → running, if it is (a second delivery, or one for an agent that is
+        waiting or done, claims nothing)."""
+        try:
+            # get(), not first(): no ORDER BY to compile over four joined tables (3 ms of CPU).
+            dispatch = (AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
+                        .get(pk=dispatch_id, state=DispatchState.CREATED, turn__status__in=LIVE_TURN))
+        except AgentDispatch.DoesNotExist:
+            return None
+        token, now, awaited = new_token(), timezone.now(), dispatch.awaiting
+        first_start = dispatch.started_at is None
+        if first_start:
+            timeout = timedelta(seconds=Limits.from_json(dispatch.turn.limits).agent_timeout_seconds)
+            dispatch.started_at, dispatch.deadline_at = now, now + timeout
+        if not lifecycle.transition(
+            dispatch_id, source=DispatchState.CREATED, target=DispatchState.RUNNING,
+            lease_token=token, lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None,
+            awaiting={}, started_at=dispatch.started_at, deadline_at=dispatch.deadline_at,
+        ):
+            return None
+        dispatch.state, dispatch.lease_token, dispatch.awaiting = DispatchState.RUNNING, token, {}
+        if first_start:
+            event_record(type="agent.subagent_started", dispatch=dispatch, summary=f"{dispatch.agent_id} started",
+                         payload={"sub_agent_id": dispatch.agent_id})
+        else:
+            reason = "its agents finished" if awaited else "resumed"
+            event_record(type="agent.subagent_attempt", dispatch=dispatch,
+                         summary=f"{dispatch.agent_id} resumed ({reason})",
+                         payload={"sub_agent_id": dispatch.agent_id, "reason": reason, "crashes": dispatch.crashes,
+                                  "awaited": (awaited or {}).get("agent_ids", [])})
+        return cls(dispatch=dispatch, token=token, first_start=first_start,
+                   label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})")
+
+    def load(self) -> None:
+        """The run as the store has it (again, after a transient database error)."""
+        dispatch = self.dispatch
+        limits = self.limits = Limits.from_json(dispatch.turn.limits)
+        self.delegates = can_delegate(dispatch, limits)
+        profile_prompt = dispatch.profile.system_prompt if dispatch.profile else ""
+        prior = _prior_results(dispatch)
+        self.provider = self.provider or get_provider()
+        self.user = dispatch.turn.conversation.owner
+        self.tools = [use_skill_tool(dispatch.skills)] + (_delegation_tools(dispatch, limits) if self.delegates else [])
+        self.messages = [
+            {"role": "system", "content": agent_system_prompt(
+                local_time=user_local_time(dispatch.turn), profile_prompt=profile_prompt, delegates=self.delegates)},
+            {"role": "user", "content": agent_task_message(
+                mission=dispatch.mission, context=dispatch.context, prior_results=prior)},
+        ]
+        self.stored = {} if self.first_start else _stored_responses(dispatch)
+        self.first_start = False  # a reload must read what this delivery stored
+        self.outside = lifecycle.merged(dispatch.outside, *[r.get("outside_content", []) for r in prior])
+        self.usage, self.llm_calls, self.used, self.idle, self.last_text = Usage(), 0, 0, 0, ""
+
+    def replayed(self, step: int) -> LLMResponse | None:
+        stored = self.stored.get(_key(self.dispatch, step))
+        return LLMResponse.from_json(stored) if stored is not None else None
+
+    # --- asking -------------------------------------------------------------------------
+
+    @property
+    def tokens(self) -> int:
+        return self.usage.prompt_tokens + self.usage.completion_tokens
+
+    @property
+    def model(self) -> str:
+        return self.dispatch.model or settings.ASSISTANT_AGENT_MODEL
+
+    def progress(self) -> dict:
+        """What the row keeps of the run so far, written with the next heartbeat (or the
+        end): a crash in between loses nothing a replay does not rebuild."""
+        return {"transcript": self.messages[1:], "tool_calls_used": self.used, "llm_calls": self.llm_calls,
+                "prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens,
+                "cached_tokens": self.usage.cached_tokens}
+
+    def check(self, **fields) -> Next | None:
+        """Renew the lease (writing `fields`) while the agent may go on; else say why
+        not: the turn paused (let go), ended or the agent was stopped, or another worker
+        holds it now (stop), or this process is ending (hand back)."""
+        if runner.handing_back():
+            return steps.HAND_BACK
+        live = AgentDispatch.objects.filter(pk=self.dispatch.pk, lease_token=self.token, state=DispatchState.RUNNING,
+                                            turn__status__in=LIVE_TURN)
+        if live.update(lease_expires_at=lease_until(), heartbeat_at=timezone.now(), **fields):
+            return None
+        state, status, token = AgentDispatch.objects.values_list("state", "turn__status", "lease_token").get(
+            pk=self.dispatch.pk)
+        if status == TurnStatus.PAUSED and state == DispatchState.RUNNING and token == self.token:
+            return Next(steps.Kind.PAUSE)
+        return steps.STOP
+
+    def before_call(self) -> Next | None:
+        """Before a new model call (a stored step passed these checks when it was taken):
+        the lease, then the wall clock and token budget from the agent's first start and
+        first call, whatever deliveries came between; then the call is counted against the
+        turn's cap and the owner's allowance (either trips a pause: LimitTripped)."""
+        if (stop := self.check(**self.progress())) is not None:
+            return stop
+        limits, dispatch = self.limits, self.dispatch
+        if self.tokens >= limits.agent_token_budget:
+            return steps.done(DispatchOutcome.BUDGET_EXCEEDED, _partial(
+                self.last_text, self.messages, note=f"token budget of {limits.agent_token_budget} spent"))
+        if dispatch.deadline_at is not None and timezone.now() >= dispatch.deadline_at:
+            # A Continue may have moved the deadline on since this delivery read it.
+            dispatch.deadline_at = AgentDispatch.objects.values_list("deadline_at", flat=True).get(pk=dispatch.pk)
+            if timezone.now() >= dispatch.deadline_at:
+                return steps.done(DispatchOutcome.TIMEOUT, _partial(self.last_text, self.messages),
+                                  f"wall-clock limit of {limits.agent_timeout_seconds:.0f}s reached")
+        if not self.counted:  # once per step, however often its call is checked
+            agent_call_reserve(turn_id=dispatch.turn_id, limits=limits)
+            self.counted = True
+        if self.caps is None:
+            self.caps = caps_for(self.user)  # read once a delivery; a Continue starts another
+        try:
+            self.reservation = spend_reserve(user=self.user, model=self.model, messages=self.messages,
+                                             tools=self.tools, caps=self.caps)
+        except Exception:
+            agent_call_release(turn_id=dispatch.turn_id)  # the call the allowance refused is not made
+            self.counted = False
+            raise
+        return None
+
+    def request(self) -> dict:
+        return {"provider": self.provider, "model": self.model, "messages": self.messages, "tools": self.tools,
+                "max_tokens": self.reservation.max_tokens if self.reservation else None}
+
+    def retries(self) -> tuple[int, int]:
+        return self.dispatch.retries, self.limits.agent_max_retries
+
+    @transaction.atomic
+    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> Next | None:
+        if (stop := self.check(retries=retry)) is not None:
+            return stop
+        dispatch = self.dispatch
+        dispatch.retries = retry
+        event_record(
+            type="agent.subagent_attempt", dispatch=dispatch,
+            summary=f"{dispatch.agent_id} retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
+            payload={"sub_agent_id": dispatch.agent_id, "retry": retry, "step": step, "reason": str(exc),
+                     "backoff_seconds": delay},
+        )
+        return None
+
+    def release_reservation(self) -> None:
+        spend_release(reservation=self.reservation)
+
+    def charge(self, response: LLMResponse) -> None:
+        spend_settle(reservation=self.reservation, usage=response.usage,
+                     cost=call_cost(response.model or self.model, response.usage))
+
+    @transaction.atomic
+    def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
+        """Store the answer before anything acts on it (a replay reuses it), with its
+        event. Its key is the agent's and the step's: a worker that lost its lease during
+        the call finds the step stored by the agent's new holder, and stops."""
+        dispatch = self.dispatch
+        self.counted = False
+        taken = {c["id"] for m in self.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []}
+        response = replace(response, tool_calls=unique_ids(response.tool_calls, taken, suffix=str(step),
+                                                           blank=f"call_{step}_"))
+        usage = response.usage
+        try:
+            with transaction.atomic():
+                LLMCall.objects.create(
+                    turn_id=dispatch.turn_id, dispatch=dispatch, key=_key(dispatch, step),
+                    model=response.model or dispatch.model, response=response.to_json(), duration_ms=duration_ms,
+                    prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                    cached_tokens=usage.cached_tokens, cost_usd=call_cost(response.model or dispatch.model, usage),
+                )
+        except IntegrityError:
+            return steps.STOP  # stored by the agent's new holder
+        self.stored[_key(dispatch, step)] = response.to_json()
+        _record_step(dispatch, step, response, duration_ms)
+        return self.check()  # stopped or paused during the call: nothing acts on it here
+
+    # --- acting -------------------------------------------------------------------------
+
+    def acts_on_skills(self, response: LLMResponse) -> bool:
+        return any(call.name == USE_SKILL for call in response.tool_calls)
+
+    def act(self, step: int, response: LLMResponse) -> Next:
+        """Take in the answer: answer its tool calls, or see that the agent is done."""
+        dispatch, messages = self.dispatch, self.messages
+        seen = list(self.outside)  # what had reached the agent when the model wrote these calls
+        self.usage = self.usage + response.usage
+        self.llm_calls += 1
+        messages.append(response.as_message())
+        self.last_text = response.content or self.last_text
+        if not response.tool_calls:
+            if response.content.strip() and response.finish_reason != "length":
+                return steps.done(DispatchOutcome.COMPLETED, response.content)
+            self.idle += 1
+            if self.idle >= MAX_IDLE_REPLIES:
+                return _idle_stop(self.idle, self.last_text, messages)
+            messages.append({"role": "user", "content": "Your reply was empty or cut off. Reply with a short report."})
+            return steps.AGAIN
+        dispatch_calls = [call for call in response.tool_calls if call.name == DISPATCH_AGENT]
+        dispatched = self._children_dispatch(dispatch_calls, step, seen) if self.delegates and dispatch_calls else {}
+        known = {USE_SKILL, DISPATCH_AGENT, GET_AGENT_RESULTS} if self.delegates else {USE_SKILL}
+        self.idle = 0 if any(call.name in known for call in response.tool_calls) else self.idle + 1
+        for call in response.tool_calls:
+            if call.name in (DISPATCH_AGENT, GET_AGENT_RESULTS) and not self.delegates:
+                content = error_json(_refusal(dispatch, self.limits))
+            elif call.name == DISPATCH_AGENT:
+                content = dispatched[call.id]
+            elif call.name == GET_AGENT_RESULTS:
+                content = self._children_results(call)
+                if content is None:
+                    return steps.WAIT
+                self.outside = lifecycle.merged(self.outside, *AgentDispatch.objects.filter(parent=dispatch)
+                                                .values_list("outside", flat=True))
+            elif call.name != USE_SKILL:
+                tools_text = ("the tools are use_skill, dispatch_agent and get_agent_results" if self.delegates
+                              else "the only tool is use_skill")
+                content = error_json(f"unknown tool {call.name!r}; {tools_text}.")
+            elif self.used >= dispatch.max_tool_calls:
+                content = error_json("tool budget spent; no more tool calls are possible.")
+            else:
+                self.used += 1
+                content, outside = _use_skill(dispatch, self.token, self.user, call, seen)
+                self.outside = lifecycle.merged(self.outside, outside)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        if dispatch_calls:
+            self.save_progress()  # a replay answers these calls from the transcript
+        if self.used >= dispatch.max_tool_calls:
+            return steps.done(DispatchOutcome.BUDGET_EXCEEDED, _partial(
+                self.last_text, messages, note=f"tool budget of {dispatch.max_tool_calls} calls spent"))
+        if self.idle >= MAX_IDLE_REPLIES:
+            return _idle_stop(self.idle, self.last_text, messages)
+        return steps.AGAIN
+
+    def save_progress(self) -> None:
+        AgentDispatch.objects.filter(pk=self.dispatch.pk).update(**self.progress())
+
+    def _children_dispatch(self, calls: list[ToolCall], step: int, outside: list[str]) -> dict[str, str]:
+        """Answer one answer's dispatch_agent calls, by tool-call id. Each child starts
+        with `outside`, the outside content that had reached the parent when its model
+        wrote the calls. On replay a call that created its child answers "dispatched"
+        again, and a refused call gets its stored refusal back."""
+        dispatch = self.dispatch
+        done = {c.tool_call_id: c for c in dispatch.children.filter(tool_call_id__in=[call.id for call in calls])}
+        stored = {m.get("tool_call_id"): m.get("content") for m in dispatch.transcript or [] if m.get("role") == "tool"}
+        answers: dict[str, str] = {}
+        fresh = []
+        for call in calls:
+            if call.id in done:
+                answers[call.id] = dispatch_result_json(done[call.id].agent_id)
+            elif stored.get(call.id):
+                answers[call.id] = stored[call.id]
+            else:
+                fresh.append(call)
+        if not fresh:
+            return answers
+        task_prompt = (dispatch.contract or {}).get("parent", {}).get("task_prompt") or dispatch.mission
+        with transaction.atomic():
+            turn = lifecycle.lock_turn(dispatch.turn_id)
+            self._hold()
+            planned = plan_batch(turn=turn, calls=fresh, parent=dispatch)
+            # Children take slots of the turn's agent limit: limits count the whole tree.
+            reserve_agents(turn=turn, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
+            for item in planned:
+                if item.error:
+                    answers[item.call.id] = error_json(item.error, agent_id=item.spec.get("agent_id"))
+                    continue
+                dispatch_create(turn=turn, item=item, task_prompt=task_prompt, parent=dispatch, step_idx=step,
+                                outside=outside)
+                answers[item.call.id] = dispatch_result_json(item.spec["agent_id"])
+            lifecycle.dispatch_schedule(turn)
+        return answers
+
+    def _children_results(self, call: ToolCall) -> str | None:
+        """The parent's get_agent_results: its children's results, or None after it went
+        to `waiting` (nothing held; its last child to finish wakes it).
+
+        Without ids: the children dispatched so far in this run's history (so a replay of
+        an earlier call does not see children dispatched later). Other agents are not_found."""
+        arguments, error = parse_arguments(
+            call.arguments, get_agent_results_parameters(default="every helper you dispatched"))
+        if error:
+            return error_json(error)
+        dispatch, messages = self.dispatch, self.messages
+        dispatched = {c["id"] for m in messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []}
+        with transaction.atomic():
+            lifecycle.lock_turn(dispatch.turn_id)
+            self._hold(**self.progress())  # the wait ends this delivery: the row has the run so far
+            children = list(dispatch.children.all())
+            names = arguments.get("agent_ids") or [c.agent_id for c in children if c.tool_call_id in dispatched]
+            found = {c.agent_id: c for c in children if c.agent_id in names}
+            if any(not lifecycle.is_terminal(c) for c in found.values()):
+                lifecycle.transition(dispatch.pk, source=DispatchState.RUNNING, target=DispatchState.WAITING,
+                                     where={"lease_token": self.token}, lease_token="", lease_expires_at=None,
+                                     awaiting={"tool_call_id": call.id, "agent_ids": sorted(found)})
+                return None
+            return json.dumps(lifecycle.dispatch_results_collect(names, found))
+
+    def _hold(self, **fields) -> None:
+        """Renew the lease inside the caller's transaction, or stop writing (LeaseLost)."""
+        if not AgentDispatch.objects.filter(pk=self.dispatch.pk, lease_token=self.token,
+                                            state=DispatchState.RUNNING).update(lease_expires_at=lease_until(), **fields):
+            raise LeaseLost(f"AgentDispatch {self.dispatch.pk}: lease lost")
+
+    def too_many_steps(self) -> Next:
+        return steps.done(DispatchOutcome.FAILED, _partial(self.last_text, self.messages), "no report after too many steps")
+
+    # --- ending -------------------------------------------------------------------------
+
+    def end(self, next_step: Next) -> None:
+        kind, dispatch = next_step.kind, self.dispatch
+        if kind is steps.Kind.DONE:
+            outcome = DispatchOutcome.FAILED if next_step.error and next_step.outcome == "failed" else next_step.outcome
+            _finish(dispatch, self.token, outcome=outcome, result=next_step.result, error=next_step.error,
+                    progress={**self.progress(), "outside": self.outside}, usage=self.usage)
+        elif kind is steps.Kind.PAUSE and next_step.trip is not None:
+            # Paused first, then given back: a Continue between the two finds the agent
+            # still running and leaves it; the give-back then queues it (dispatch_schedule).
+            turn_pause(turn_id=dispatch.turn_id, trip=next_step.trip)
+            lifecycle.agent_give_back(dispatch.pk, self.token)
+        elif kind in (steps.Kind.PAUSE, steps.Kind.HAND_BACK):
+            lifecycle.agent_give_back(dispatch.pk, self.token)
+
+
+def _delegation_tools(dispatch: AgentDispatch, limits: Limits) -> list[dict]:
+    return delegation_tools(profile_names=list(profiles_by_name()), max_tool_calls_cap=limits.agent_max_tool_calls_cap,
+                            depth=dispatch.depth, max_depth=limits.max_delegation_depth)
+
+
+def _refusal(dispatch: AgentDispatch, limits: Limits) -> str:
+    """Why this agent may not delegate (it called a tool it was not given)."""
+    if dispatch.depth >= limits.max_delegation_depth:
+        return (f"nested delegation is limited to depth {limits.max_delegation_depth}: "
+                f"{dispatch.agent_id} is at depth {dispatch.depth} and cannot dispatch agents. "
+                "Do the work yourself with use_skill.")
+    return f"{dispatch.agent_id} may not dispatch agents (its profile does not delegate); its only tool is use_skill."
+
+
+def _record_step(dispatch: AgentDispatch, step: int, response: LLMResponse, duration_ms: int) -> None:
+    """The step in the timeline, and the agent's progress in the graph (its step count)."""
+    skills = [_skill_named(call) for call in response.tool_calls]
+    doing = ", ".join(skills) if skills else f"report ({response.finish_reason})"
+    usage = response.usage
+    event_record(
+        type=AGENT_LLM_CALL, dispatch=dispatch, summary=f"{dispatch.agent_id} step {step + 1}: {doing}",
+        payload={"step": step + 1, "model": response.model or dispatch.model, "duration_ms": duration_ms,
+                 "finish_reason": response.finish_reason, "tool_calls": skills,
+                 "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                           "cached_tokens": usage.cached_tokens}},
+    )
+
+
+def _skill_named(call: ToolCall) -> str:
+    """What a tool call asks for, in a word: the skill a use_skill names, else the tool."""
+    if call.name == USE_SKILL:
+        arguments, error = load_json(call.arguments)
+        if not error and isinstance(arguments, dict) and isinstance(arguments.get("skill"), str):
+            return arguments["skill"][:100]
+    return call.name[:100]
+
+
+def _key(dispatch: AgentDispatch, step: int) -> str:
+    return f"agent:{dispatch.pk}:s{step}"
+
+
+def _idle_stop(idle: int, last_text: str, messages: list[dict]) -> Next:
+    return steps.done(DispatchOutcome.FAILED, _partial(last_text, messages),
+                      f"no usable reply from the model {idle} times in a row (empty, cut off, or unknown tools)")
+
+
+def _stored_responses(dispatch: AgentDispatch) -> dict[str, dict]:
+    """The answers earlier deliveries stored, by key."""
+    return dict(LLMCall.objects.filter(dispatch=dispatch).values_list("key", "response"))
+
+
+def _use_skill(dispatch: AgentDispatch, token: str, user, call, seen: list[str]) -> tuple[str, list[str]]:
+    """The tool message for a use_skill call, and the outside content its result holds.
+    `seen`: the outside content that had reached the agent (approvals.gate)."""
+    arguments, error = load_json(call.arguments)
+    if error:
+        return error_json(f"{error}; send {{\"skill\": ..., \"arguments\": {{...}}}}."), []
+    if not isinstance(arguments, dict) or not isinstance(arguments.get("skill"), str):
+        return error_json('use_skill needs {"skill": "<name>", "arguments": {...}}.'), []
+    name, skill_arguments = arguments["skill"], arguments.get("arguments", {})
+
+    def before_run(skill: str, skill_arguments: object) -> None:
+        # In the transaction that opens the skill's row, just before its handler (for a
+        # skill a handler calls too), and only while the agent holds its lease: a
+        # dispatch cancelled (or reaped) since this step began runs no further side
+        # effect, even among one answer's parallel calls.
+        reserve_skill_call(dispatch=dispatch, skill=skill, arguments=skill_arguments, token=token)
+
+    def after_run(skill: str, outcome: SkillOutcome) -> None:
+        status = outcome.status if outcome.ok or outcome.status != "failed" else f"failed ({outcome.error_kind})"
+        event_record(
+            type=SKILL_FINISHED, dispatch=dispatch,
+            summary=f"{dispatch.agent_id} ← {skill}: {status}",
+            payload={"skill": skill, "status": outcome.status, "ok": outcome.ok, "error": outcome.error,
+                     "error_kind": str(outcome.error_kind or ""), "duration_ms": outcome.duration_ms,
+                     "execution_id": outcome.execution_id, "outside": list(outcome.outside)},
+        )
+
+    outcome = execute_skill(
+        name=name, arguments=skill_arguments, user=user, tool_call_id=call.id,
+        scope={"dispatch": dispatch}, granted=dispatch.skills, before_run=before_run, after_run=after_run,
+        clear=approvals.gate(dispatch=dispatch, user=user, outside=seen), time_zone=dispatch.turn.time_zone,
+        outside=seen,  # what rows the call writes were written from (skills/provenance.py)
+    )
+    return outcome.as_tool_content(), list(outcome.outside)
+
+
+def _prior_results(dispatch: AgentDispatch) -> list[dict]:
+    if not dispatch.depends_on:
+        return []
+    deps = AgentDispatch.objects.filter(turn_id=dispatch.turn_id, agent_id__in=dispatch.depends_on)
+    return [lifecycle.fenced({"agent_id": d.agent_id, "status": lifecycle.result_status(d), "result": d.result}, d)
+            for d in deps]
+
+
+def _partial(last_text: str, messages: list[dict], *, note: str = "") -> str:
+    results = [m["content"] for m in messages if m.get("role") == "tool"][-3:]
+    parts = [f"({note}; partial result)"] if note else []
+    if last_text:
+        parts.append(last_text)
+    if results:
+        parts.append("Last tool results:\n" + "\n".join(r[:800] for r in results))
+    return "\n".join(parts) or "No result."
+
+
+@transaction.atomic
+def _finish(dispatch: AgentDispatch, token: str, *, outcome: str, result: str, error: str, progress: dict,
+            usage: Usage) -> None:
+    """running → waiting_for_merge (or failed), with the run's `progress` (transcript,
+    counters, outside content); the turn takes the agent's `usage`, and the schedule rule
+    takes it from there."""
+    now = timezone.now()
+    ok = outcome in lifecycle.SUCCESS_OUTCOMES
+    duration_ms = int((now - (dispatch.started_at or now)).total_seconds() * 1000)
+    if not lifecycle.transition(
+        dispatch.pk, source=DispatchState.RUNNING,
+        target=DispatchState.WAITING_FOR_MERGE if ok else DispatchState.FAILED, where={"lease_token": token},
+        outcome=outcome, result=result or error, error=error,
+        finished_at=now, duration_ms=duration_ms, lease_token="", lease_expires_at=None, **progress,
+    ):
+        return
+    tool_calls = progress.get("tool_calls_used", dispatch.tool_calls_used)
+    if ok:
+        event_record(type="agent.subagent_waiting_for_merge", dispatch=dispatch,
+                     summary=f"{dispatch.agent_id} finished ({outcome}, {tool_calls} tool calls)",
+                     payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome,
+                              "result": result[:4000], "tool_calls_used": tool_calls, "duration_ms": duration_ms})
+    else:
+        event_record(type="agent.subagent_failed", dispatch=dispatch,
+                     summary=f"{dispatch.agent_id} failed: {error[:150]}",
+                     payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome, "error": error,
+                              "duration_ms": duration_ms})
+    lifecycle.turn_counter_add(dispatch.turn_id, prompt_tokens=usage.prompt_tokens,
+                               completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens)
+    lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch=dispatch)

@@ -1,0 +1,181 @@
+"""The step machine: one loop for the orchestrator, a sub-agent and a nested sub-agent.
+
+    claim → [ replay the stored answer, or: check → ask the model → store it ] → act → next
+
+A delivery (orchestration/tasks.py) claims the work; then each step either replays an
+answer an earlier delivery stored or asks the model and stores the answer before
+anything acts on it; acting on its tool calls returns the next step (steps.py): ask
+again, done, wait for agents, pause, hand back, or stop. `Work.end` writes how the
+delivery ended, once, whatever it was. A role (engine/orchestrator.py, engine/agent.py)
+provides the methods; this file is the only place that sequences them.
+
+Only the model call is awaited here. Every database step runs on the runner's database
+threads; acting on skill calls runs on its skill threads (orchestration/runner.py), so a
+slow skill never holds up another agent's bookkeeping.
+
+Transient database errors (a restarting server, a lost connection, a deadlock) retry:
+a transaction (claim, store, end) is retried as it is; a failure while acting reloads
+the work from the store and replays it, which is safe because every step is stored and
+every skill call is keyed. After ASSISTANT_DB_RETRY_SECONDS the work is left to its
+lease: the reaper gives it to another worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from itertools import count
+from typing import Protocol
+
+from orchestration import runner
+from orchestration.dbretry import Retrying, is_transient
+from orchestration.engine import steps
+from orchestration.engine.steps import Kind, Next
+from orchestration.leases import LeaseLost
+from orchestration.limits import LimitTripped
+from orchestration.llm import LLMError, LLMResponse
+from orchestration.retries import complete_retrying
+
+logger = logging.getLogger(__name__)
+
+MAX_STEPS = 100  # a hard stop beyond every budget
+
+
+class Work(Protocol):
+    """A role's side of the loop (engine/orchestrator.py, engine/agent.py)."""
+
+    label: str  # for the log: "turn 12", "agent researcher (dispatch 40)"
+    first_step: int  # where replaying starts
+
+    @classmethod
+    def claim(cls, item_id: int) -> Work | None: ...  # one transaction
+
+    def load(self) -> None: ...  # (re)build the run from the store: messages, counters
+    def replayed(self, step: int) -> LLMResponse | None: ...  # the answer stored for `step`
+    def check(self) -> Next | None: ...  # still ours, and wanted? (renews the lease)
+    def before_call(self) -> Next | None: ...  # check, then within limits? reserve the spend
+    def request(self) -> dict: ...  # the call's model, messages, tools, max_tokens, on_text
+    def retries(self) -> tuple[int, int]: ...  # (used, allowed) engine retries of model calls
+    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> Next | None: ...
+    def release_reservation(self) -> None: ...  # the call was not made, or failed
+    def charge(self, response: LLMResponse) -> None: ...  # settle the spend (its own commit)
+    def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None: ...
+    def acts_on_skills(self, response: LLMResponse) -> bool: ...
+    def act(self, step: int, response: LLMResponse) -> Next: ...
+    def too_many_steps(self) -> Next: ...
+    def end(self, next_step: Next) -> None: ...  # write how this delivery ended
+
+
+async def run(role, item_id: int) -> None:
+    """One delivery: claim the work (a role's `claim` returns None when it is not ours to
+    run) and run it until it ends, waits, pauses or goes elsewhere."""
+    work: Work | None = await db_retrying(role.claim, item_id)
+    if work is None:
+        return
+    try:
+        next_step = await _steps_retrying(work)
+    except asyncio.CancelledError:
+        if not runner.handing_back():
+            raise
+        next_step = steps.HAND_BACK  # the process is ending: cut the model call short
+    if next_step.kind is Kind.STOP:
+        return
+    try:
+        await db_retrying(work.end, next_step)
+    except LeaseLost:
+        logger.info("%s: lease lost before it could end; its new holder goes on", work.label)
+
+
+async def _steps_retrying(work: Work) -> Next:
+    """The steps, begun again from the store after a transient database error."""
+    retrying = Retrying()
+    while True:
+        try:
+            await runner.db(work.load)
+            return await _steps(work)
+        except Exception as exc:
+            if not retrying.may_retry(exc):
+                return _as_next(work, exc)
+            logger.warning("%s: %s; trying again on a fresh connection", work.label, exc)
+        await retrying.pause()
+
+
+async def _steps(work: Work) -> Next:
+    for step in count(work.first_step):
+        if step >= MAX_STEPS:
+            return work.too_many_steps()
+        response = work.replayed(step)
+        if response is None:
+            if (stop := await runner.db(work.before_call)) is not None:
+                return stop
+            try:
+                response, duration_ms = await _ask(work, step)
+            except BaseException:
+                await db_retrying(work.release_reservation)
+                raise
+            await db_retrying(work.charge, response)
+            if (stop := await db_retrying(work.store, step, response, duration_ms)) is not None:
+                return stop
+        on_pool = runner.skills if work.acts_on_skills(response) else runner.db
+        next_step = await on_pool(work.act, step, response)
+        if next_step.kind is not Kind.AGAIN:
+            return next_step
+    raise AssertionError("unreachable")
+
+
+async def _ask(work: Work, step: int) -> tuple[LLMResponse, int]:
+    """The model's answer for this step, asked again (after a wait) while it fails
+    transiently and the role's retries last (orchestration/retries.py)."""
+
+    async def before_retry(retry: int, exc: LLMError, delay: float) -> None:
+        if (stop := await db_retrying(work.record_retry, retry, exc, delay, step)) is not None:
+            raise _Stopped(stop)
+        await asyncio.sleep(delay)
+        if (stop := await runner.db(work.check)) is not None:  # stopped or paused meanwhile
+            raise _Stopped(stop)
+
+    used, allowed = work.retries()
+    request = work.request()
+    provider = request.pop("provider")
+    return await complete_retrying(lambda: provider.acomplete(**request), used=used, allowed=allowed,
+                                   before_retry=before_retry)
+
+
+class _Stopped(Exception):
+    """The work must not ask again (found during a retry's wait)."""
+
+    def __init__(self, next_step: Next):
+        super().__init__(next_step.kind.value)
+        self.next_step = next_step
+
+
+def _as_next(work: Work, exc: BaseException) -> Next:
+    """An exception that ended the steps, as the step it means."""
+    if isinstance(exc, _Stopped):
+        return exc.next_step
+    if isinstance(exc, LimitTripped):
+        return steps.pause(exc)
+    if isinstance(exc, LeaseLost):
+        logger.info("%s: lease lost; another worker goes on", work.label)
+        return steps.STOP
+    if isinstance(exc, LLMError):
+        return steps.done("failed", error=f"LLM error: {exc}")
+    if is_transient(exc):  # past ASSISTANT_DB_RETRY_SECONDS: the lease brings it back
+        logger.warning("%s: the database is still unavailable (%s); left to its lease", work.label, exc)
+        return steps.STOP
+    logger.exception("%s failed", work.label, exc_info=exc)
+    return steps.done("failed", error=f"{type(exc).__name__}: {exc}")
+
+
+async def db_retrying(fn, /, *args, **kwargs):
+    """`runner.db(fn, ...)` for a function that is one transaction: begun again on a
+    fresh connection after a transient error, for up to ASSISTANT_DB_RETRY_SECONDS."""
+    retrying = Retrying()
+    while True:
+        try:
+            return await runner.db(fn, *args, **kwargs)
+        except Exception as exc:
+            if not retrying.may_retry(exc):
+                raise
+            logger.warning("%s: %s; trying again", getattr(fn, "__qualname__", fn), exc)
+        await retrying.pause()

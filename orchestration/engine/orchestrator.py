@@ -1,0 +1,350 @@
+"""The orchestrator's role in the step machine (engine/loop.py; DESIGN.md §3–4).
+
+Its run is the turn: the conversation's history is its transcript, so a replay is the
+history itself. Its stored answer for the last step is the last assistant message; acting
+on it answers its pending tool calls (get_skill, dispatch_agent, get_agent_results),
+which may make the turn wait for its agents (released; the agent finishing last wakes
+it), or sees that it answered the user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from orchestration import dispatches as lifecycle
+from orchestration import runner
+from orchestration.delegation import dispatch_create, dispatch_result_json, plan_batch, profiles_by_name, reserve_agents
+from orchestration.engine import steps
+from orchestration.engine.steps import Next
+from orchestration.engine.toolids import unique_ids
+from orchestration.events import event_record
+from orchestration.history import llm_messages, message_append, messages_append, pending_tool_calls
+from orchestration.leases import LeaseLost, lease_until, new_token
+from orchestration.limits import Limits, LimitTripped
+from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
+from orchestration.llm.base import tool_call_message
+from orchestration.models import LLMCall, Message, Turn, TurnStatus
+from orchestration.output import output_limit, text_bounded
+from orchestration.pauses import turn_pause
+from orchestration.pricing import call_cost
+from orchestration.prompts import orchestrator_system_prompt, user_local_time
+from orchestration.spending import Reservation, spend_release, spend_reserve, spend_settle
+from orchestration.toolcalls import error_json, parse_arguments
+from orchestration.tooldefs import (
+    DISPATCH_AGENT,
+    GET_AGENT_RESULTS,
+    GET_SKILL,
+    ORCHESTRATOR_TOOL_NAMES,
+    get_agent_results_parameters,
+    get_skill_parameters,
+    orchestrator_tools,
+)
+from orchestration.turns import turn_complete, turn_draft_save, turn_fail
+from skills.registry import catalogue, get_skill_tool_result
+
+logger = logging.getLogger(__name__)
+
+# The stored answer of a step the history already holds (acting reads the history).
+STORED = LLMResponse(content="", tool_calls=[], finish_reason="stored")
+
+
+class Orchestrator:
+    def __init__(self, turn_id: int, token: str):
+        self.turn_id, self.token = turn_id, token
+        self.label = f"turn {turn_id}"
+        self.provider = get_provider()
+        self.turn: Turn | None = None
+        self.limits: Limits | None = None
+        self.first_step = 0
+        self.reservation: Reservation | None = None
+        self.call: dict = {}
+
+    # --- claim and replay ---------------------------------------------------------------
+
+    @classmethod
+    def claim(cls, turn_id: int) -> Orchestrator | None:
+        """Take the turn if it runs and nobody holds it (a dead holder's lease is the
+        reaper's to clear: that is how crashes are counted)."""
+        token = new_token()
+        claimed = Turn.objects.filter(pk=turn_id, status=TurnStatus.RUNNING, lease_token="").update(
+            lease_token=token, lease_expires_at=lease_until(), queued_at=None)
+        return cls(turn_id, token) if claimed else None
+
+    def load(self) -> None:
+        self.turn = Turn.objects.select_related("conversation__owner").get(pk=self.turn_id)
+        self.limits = Limits.from_json(self.turn.limits)
+        # The last stored answer is acted on again (its pending calls); earlier ones are done.
+        self.first_step = max(self.turn.llm_iterations - 1, 0)
+
+    def replayed(self, step: int) -> LLMResponse | None:
+        return STORED if step < self.turn.llm_iterations else None
+
+    # --- asking -------------------------------------------------------------------------
+
+    def check(self) -> Next | None:
+        """Renew the lease while the turn runs; else say why not."""
+        if runner.handing_back():
+            return steps.HAND_BACK
+        if Turn.objects.filter(pk=self.turn_id, lease_token=self.token, status=TurnStatus.RUNNING).update(
+                lease_expires_at=lease_until()):
+            return None
+        status = Turn.objects.filter(pk=self.turn_id, lease_token=self.token).values_list("status", flat=True).first()
+        if status == TurnStatus.PAUSED:  # an agent's limit or question paused it: let go
+            return Next(steps.Kind.PAUSE)
+        return steps.STOP  # ended, stopped, or no longer ours
+
+    def before_call(self) -> Next | None:
+        if (stop := self.check()) is not None:
+            return stop
+        self.turn.refresh_from_db(fields=["limits", "llm_iterations", "llm_retries"])
+        self.limits = limits = Limits.from_json(self.turn.limits)
+        if self.turn.llm_iterations >= limits.turn_max_llm_iterations:
+            return steps.pause(LimitTripped(
+                "turn_max_llm_iterations",
+                f"The orchestrator used its {limits.turn_max_llm_iterations} LLM iterations "
+                "for this turn without a final answer.",
+                detail={"limit": limits.turn_max_llm_iterations, "used": self.turn.llm_iterations},
+            ))
+        profiles = profiles_by_name()
+        prompt = orchestrator_system_prompt(
+            catalogue=catalogue(), profiles=[{"name": p.name, "description": p.description} for p in profiles.values()],
+            local_time=user_local_time(self.turn),
+        )
+        tools = orchestrator_tools(profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap)
+        messages = llm_messages(turn=self.turn, system_prompt=prompt)
+        model = settings.ASSISTANT_ORCHESTRATOR_MODEL
+        # Reserved before the call is made; a call the allowance cannot cover pauses the turn.
+        self.reservation = spend_reserve(user=self.turn.conversation.owner, model=model, messages=messages,
+                                         tools=tools)
+        self.call = {"model": model, "messages": messages, "tools": tools}
+        return None
+
+    def request(self) -> dict:
+        return {**self.call, "provider": self.provider, "on_text": _DraftWriter(self.turn, self.token),
+                "max_tokens": self.reservation.max_tokens if self.reservation else None}
+
+    def retries(self) -> tuple[int, int]:
+        return self.turn.llm_retries, self.limits.orchestrator_max_retries
+
+    @transaction.atomic
+    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> Next | None:
+        if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token).update(
+                lease_expires_at=lease_until(), llm_retries=retry, answer_draft=""):
+            return steps.STOP
+        self.turn.llm_retries = retry
+        event_record(
+            type="orchestrator.llm_retry", turn=self.turn,
+            summary=f"Orchestrator call {step + 1}: retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
+            payload={"iteration": step + 1, "retry": retry, "reason": str(exc), "backoff_seconds": delay},
+        )
+        return None
+
+    def release_reservation(self) -> None:
+        spend_release(reservation=self.reservation)
+
+    def charge(self, response: LLMResponse) -> None:
+        """The call counts at what it used, in its own commit: even if storing it fails."""
+        spend_settle(reservation=self.reservation, usage=response.usage,
+                     cost=call_cost(response.model or self.call["model"], response.usage))
+
+    @transaction.atomic
+    def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
+        """Store the answer, its (uniquely named) tool calls and its event, or nothing.
+        Stored while the lease is ours, whatever the turn's status: it is paid for."""
+        turn, iteration, model = self.turn, step + 1, response.model or self.call["model"]
+        if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token).update(lease_expires_at=lease_until()):
+            return steps.STOP
+        taken = set(turn.messages.exclude(tool_call_id="").values_list("tool_call_id", flat=True))
+        for message in turn.messages.exclude(tool_calls=[]):
+            taken.update(call["id"] for call in message.tool_calls)
+        calls = unique_ids(response.tool_calls, taken, suffix=str(iteration), blank="call_")
+        usage = _usage(response)
+        try:
+            with transaction.atomic():
+                LLMCall.objects.create(turn=turn, key=f"orchestrator:{iteration}", model=model,
+                                       response=response.to_json(), duration_ms=duration_ms, **usage,
+                                       cost_usd=call_cost(model, response.usage))
+        except IntegrityError:
+            return steps.STOP  # another holder stored this step
+        Turn.objects.filter(pk=turn.pk).update(llm_iterations=F("llm_iterations") + 1, answer_draft="",
+                                               **{k: F(k) + v for k, v in usage.items()})
+        turn.llm_iterations = iteration
+        message_append(  # the whole response is in the LLMCall above; the chat keeps a bounded copy
+            turn=turn, role=Message.Role.ASSISTANT,
+            content=text_bounded(response.content, limit=output_limit("answer_chars")),
+            tool_calls=[tool_call_message(call) for call in calls],
+        )
+        if problem := _response_problem(response, calls):
+            message_append(turn=turn, role=Message.Role.NOTE, content=problem)
+        event_record(
+            type="orchestrator.llm_call", turn=turn, summary=_llm_summary(iteration, response, calls),
+            payload={"iteration": iteration, "model": model, "duration_ms": duration_ms,
+                     "finish_reason": response.finish_reason, "usage": usage,
+                     "tool_calls": [{"name": c.name, "arguments": c.arguments[:2000]} for c in calls],
+                     "content": response.content[:2000]},
+        )
+        return None
+
+    # --- acting -------------------------------------------------------------------------
+
+    def acts_on_skills(self, response: LLMResponse) -> bool:
+        return False  # the orchestrator's tools are bookkeeping; agents run the skills
+
+    def act(self, step: int, response: LLMResponse) -> Next:
+        """Answer the last answer's pending tool calls; then it answered the user, waits
+        for its agents, or asks again."""
+        turn = self.turn
+        assistant, pending = pending_tool_calls(turn)
+        if pending:
+            return self._answer_tool_calls(pending)
+        if assistant is not None and assistant.content and assistant.seq == _last_seq(turn):
+            return steps.done("completed", answer=assistant)
+        return steps.AGAIN
+
+    def _answer_tool_calls(self, pending: list[dict]) -> Next:
+        calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+                 for c in pending]
+        if dispatch_calls := [call for call in calls if call.name == DISPATCH_AGENT]:
+            self._dispatch_batch(dispatch_calls)
+        for call in calls:
+            if call.name == DISPATCH_AGENT:
+                continue
+            if call.name == GET_AGENT_RESULTS:
+                if self._agent_results(call) is steps.WAIT:
+                    return steps.WAIT
+                continue
+            if call.name == GET_SKILL:
+                content = _get_skill(call)
+            else:
+                content = error_json(f"unknown tool {call.name!r}; the tools are {', '.join(ORCHESTRATOR_TOOL_NAMES)}.")
+            with transaction.atomic():
+                self._hold()
+                message_append(turn=self.turn, role=Message.Role.TOOL, content=content, tool_call_id=call.id)
+        return steps.AGAIN
+
+    def _hold(self) -> None:
+        """Renew the lease inside the caller's transaction, or stop writing (LeaseLost)."""
+        if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token, status=TurnStatus.RUNNING).update(
+                lease_expires_at=lease_until()):
+            raise LeaseLost(f"turn {self.turn_id}: lease lost")
+
+    def _dispatch_batch(self, calls: list[ToolCall]) -> None:
+        turn = self.turn
+        task_prompt = turn.messages.filter(role=Message.Role.USER).values_list("content", flat=True).first() or ""
+        with transaction.atomic():
+            locked = lifecycle.lock_turn(turn.pk)
+            self._hold()
+            planned = plan_batch(turn=locked, calls=calls)
+            reserve_agents(turn=locked, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
+            answers = []
+            for item in planned:
+                if item.error:
+                    content = error_json(item.error, agent_id=item.spec.get("agent_id"))
+                else:
+                    dispatch_create(turn=locked, item=item, task_prompt=task_prompt)
+                    content = dispatch_result_json(item.spec["agent_id"])
+                answers.append({"role": Message.Role.TOOL, "content": content, "tool_call_id": item.call.id})
+            messages_append(turn=locked, messages=answers)
+            lifecycle.dispatch_schedule(locked)
+
+    def _agent_results(self, call: ToolCall) -> Next:
+        arguments, error = parse_arguments(call.arguments, get_agent_results_parameters())
+        with transaction.atomic():
+            turn = lifecycle.lock_turn(self.turn_id)
+            self._hold()
+            if error:
+                message_append(turn=turn, role=Message.Role.TOOL, content=error_json(error), tool_call_id=call.id)
+                return steps.AGAIN
+            # Only the orchestrator's own agents: a nested agent reports to its parent.
+            top_level = turn.dispatches.filter(parent__isnull=True)
+            names = arguments.get("agent_ids") or list(top_level.values_list("agent_id", flat=True))
+            found = {d.agent_id: d for d in top_level.filter(agent_id__in=names)}
+            if any(not lifecycle.is_terminal(d) for d in found.values()):
+                # Waits, holding nothing; the agent finishing last wakes it (dispatch_schedule).
+                Turn.objects.filter(pk=turn.pk).update(
+                    status=TurnStatus.WAITING, awaiting={"tool_call_id": call.id, "agent_ids": sorted(found)},
+                    lease_token="", lease_expires_at=None)
+                return steps.WAIT
+            results = lifecycle.dispatch_results_collect(names, found)
+            message_append(turn=turn, role=Message.Role.TOOL, content=json.dumps(results), tool_call_id=call.id)
+            # What the orchestrator has now read reaches every agent it dispatches from here on.
+            outside = lifecycle.merged(turn.outside, *(d.outside for d in found.values()))
+            Turn.objects.filter(pk=turn.pk).update(awaiting={}, outside=outside)
+        return steps.AGAIN
+
+    def too_many_steps(self) -> Next:
+        return steps.done("failed", error=f"no answer after {self.first_step} steps")
+
+    # --- ending -------------------------------------------------------------------------
+
+    def end(self, next_step: Next) -> None:
+        kind = next_step.kind
+        if kind is steps.Kind.DONE and not next_step.error:
+            turn_complete(turn_id=self.turn_id, token=self.token, answer=next_step.answer)
+        elif kind is steps.Kind.DONE:
+            error = next_step.error
+            if error.startswith("LLM error: "):
+                error = f"The model could not be reached: {error.removeprefix('LLM error: ')}"
+            turn_fail(turn_id=self.turn_id, error=error, token=self.token)
+        elif kind is steps.Kind.PAUSE and next_step.trip is not None:
+            if turn_pause(turn_id=self.turn_id, trip=next_step.trip, token=self.token) is None:
+                lifecycle.turn_give_back(self.turn_id, self.token)  # paused by someone else first
+        elif kind in (steps.Kind.PAUSE, steps.Kind.HAND_BACK):
+            lifecycle.turn_give_back(self.turn_id, self.token)
+
+
+class _DraftWriter:
+    """Receives the answer as it streams and stores it for the page, at most once every
+    ASSISTANT_STREAM_INTERVAL_SECONDS: the page follows a few times a second, however
+    fast the tokens come. What arrives after the last write is in the stored answer."""
+
+    def __init__(self, turn: Turn, token: str):
+        self.turn, self.token = turn, token
+        self.written_at = float("-inf")
+
+    async def __call__(self, text: str) -> None:
+        now = asyncio.get_running_loop().time()
+        if now - self.written_at >= settings.ASSISTANT_STREAM_INTERVAL_SECONDS:
+            self.written_at = now
+            await runner.db(turn_draft_save, turn=self.turn, token=self.token, text=text)
+
+
+def _last_seq(turn: Turn) -> int:
+    """The last message the model can see (notices to the user do not count)."""
+    seen = turn.messages.exclude(role=Message.Role.NOTICE)
+    return seen.order_by("-seq").values_list("seq", flat=True).first() or 0
+
+
+def _get_skill(call: ToolCall) -> str:
+    arguments, error = parse_arguments(call.arguments, get_skill_parameters())
+    if error:
+        return error_json(error)
+    return json.dumps(get_skill_tool_result(arguments.get("domain")))
+
+
+def _response_problem(response: LLMResponse, calls: list[ToolCall]) -> str:
+    """A note back to the model when its reply cannot be used as it is."""
+    if calls:
+        return ""
+    if response.finish_reason == "length":
+        return "Your reply was cut off (finish_reason=length). Reply again, more briefly."
+    if not response.content.strip():
+        return "Your reply was empty. Call a tool or answer the user."
+    return ""
+
+
+def _usage(response: LLMResponse) -> dict:
+    return {"prompt_tokens": response.usage.prompt_tokens, "completion_tokens": response.usage.completion_tokens,
+            "cached_tokens": response.usage.cached_tokens}
+
+
+def _llm_summary(iteration: int, response: LLMResponse, calls: list[ToolCall]) -> str:
+    if calls:
+        return f"Orchestrator call {iteration}: {', '.join(call.name for call in calls)}"
+    return f"Orchestrator call {iteration}: answer ({response.finish_reason})"
