@@ -33,8 +33,8 @@ from assistant.live import Cursor, render_draft, render_events, resume_floor, tu
 from assistant.pooled import pooled
 from assistant.preferences import user_time_zone
 from assistant.watch import TOO_MANY, poll_interval, socket_join, socket_leave
-from orchestration.events import group_name
 from orchestration.models import Conversation
+from orchestration.records.events import group_name
 
 FORBIDDEN = 4403
 logger = logging.getLogger(__name__)

@@ -387,7 +387,7 @@ ASSISTANT_SOCKETS_PER_CONVERSATION = env_int("ASSISTANT_SOCKETS_PER_CONVERSATION
 # messages). Unset: 0.25 s without Redis, 5 s with it.
 ASSISTANT_SOCKET_POLL_SECONDS = env_float("ASSISTANT_SOCKET_POLL_SECONDS", 0.25 if not REDIS_URL else 5.0,
                                           minimum=0.01)
-# Sizes in characters (orchestration/output.py): the answer stored as the chat message (the
+# Sizes in characters (orchestration/records/output.py): the answer stored as the chat message (the
 # model's whole response stays in the turn's stored LLM call, for the audit), any text run
 # through markdown for a page (keep it at least answer_chars), and each value of an
 # event's payload table (at least SKILLS_MAX_ARGUMENT_BYTES: an approval prompt shows a

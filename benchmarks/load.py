@@ -58,9 +58,10 @@ from benchmarks.processes import (
     database_url,
     production_env,
 )
+from orchestration.records.catalogue import TURN_RESTS
 
 SKILL = ("tasks.search", {"status": "open"})
-FINAL_TYPES = {"turn.completed", "turn.failed", "turn.paused", "turn.stopped"}
+FINAL_TYPES = set(TURN_RESTS)
 HTTP_TIMEOUT = 60.0
 USERNAME = "load-{:03d}"
 STEADY_AFTER_RAMP = 15.0  # seconds: the last users' logins are done

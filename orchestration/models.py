@@ -102,7 +102,7 @@ class Turn(models.Model):
     # turn runs, a reload too); the stored answer is the complete message.
     answer_draft = models.TextField(blank=True)
     # The outside content the orchestrator has read: its conversation's when the turn
-    # started (orchestration/outside.py), then its agents' reports. Every agent it
+    # started (orchestration/records/outside.py), then its agents' reports. Every agent it
     # dispatches afterwards carries it (AgentDispatch.outside).
     outside = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)

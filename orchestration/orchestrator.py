@@ -27,18 +27,19 @@ from orchestration.delegation import (
     profiles_by_name,
     reserve_agents,
 )
-from orchestration.events import event_record
-from orchestration.history import llm_messages, message_append, messages_append, pending_tool_calls
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
-from orchestration.output import output_limit, text_bounded
 from orchestration.pauses import turn_pause
 from orchestration.pricing import call_cost
 from orchestration.prompts import orchestrator_system_prompt, user_local_time
 from orchestration import runner
+from orchestration.records.catalogue import ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
+from orchestration.records.events import event_record
+from orchestration.records.history import llm_messages, message_append, messages_append, pending_tool_calls
+from orchestration.records.output import output_limit, text_bounded
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
 from orchestration.spending import Reservation, spend_release, spend_reserve, spend_settle
@@ -227,7 +228,7 @@ class _DraftWriter:
 def _record_retry(request: _Request, token: str, retry: int, exc: LLMError, delay: float) -> None:
     heartbeat(Turn, request.turn.pk, token, llm_retries=retry, answer_draft="")
     event_record(
-        type="orchestrator.llm_retry", turn=request.turn,
+        type=ORCHESTRATOR_LLM_RETRY, turn=request.turn,
         summary=f"Orchestrator call {request.iteration}: retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
         payload={"iteration": request.iteration, "retry": retry, "reason": str(exc), "backoff_seconds": delay},
     )
@@ -265,7 +266,7 @@ def _record(request: _Request, token: str, response: LLMResponse, duration_ms: i
     if problem:
         message_append(turn=turn, role=Message.Role.NOTE, content=problem)
     event_record(
-        type="orchestrator.llm_call",
+        type=ORCHESTRATOR_LLM_CALL,
         turn=turn,
         summary=_llm_summary(iteration, response, calls),
         payload={

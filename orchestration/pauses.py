@@ -15,10 +15,11 @@ from django.db.models import F
 from django.utils import formats, timezone
 
 from orchestration import dispatches as lifecycle
-from orchestration.events import event_record
-from orchestration.history import message_append
 from orchestration.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
+from orchestration.records.catalogue import LIMIT_TRIPPED, TURN_PAUSED, TURN_RESUMED
+from orchestration.records.events import event_record
+from orchestration.records.history import message_append
 from orchestration.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
 from orchestration.tasks import enqueue_orchestrator_step
 
@@ -54,14 +55,14 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
             status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0, answer_draft="",
             # the waiting state is re-derived on resume, from the pending tool call
         )
-        event_record(type="limit.tripped", turn=turn, summary=trip.summary(pause.words.label),
+        event_record(type=LIMIT_TRIPPED, turn=turn, summary=trip.summary(pause.words.label),
                      payload=detail | {"limit": trip.limit})
         # A one-line record in the chat; the question itself, with its buttons, is the
         # prompt panel (one prompt per pause). The detail stays on the pause and the event.
         message_append(turn=turn, role=Message.Role.NOTICE,
                        content=f"Turn {turn.number} paused. {pause_words(trip.limit, detail).reached}")
         question = "approve?" if trip.limit == APPROVAL else "continue?"
-        event_record(type="turn.paused", turn=turn, summary=f"Turn {turn.number} paused: {question}",
+        event_record(type=TURN_PAUSED, turn=turn, summary=f"Turn {turn.number} paused: {question}",
                      payload={"pause_id": pause.pk, "limit": trip.limit})
     return pause
 
@@ -212,7 +213,7 @@ def turn_resume(*, turn: Turn, pause: TurnPause, user, limits: dict | None = Non
             deadline_at=F("deadline_at") + (timezone.now() - pause.tripped_at)
         )
         event_record(
-            type="turn.resumed", turn=turn,
+            type=TURN_RESUMED, turn=turn,
             summary=f"Turn {turn.number} resumed by {user.get_username()}",
             payload={"pause_id": pause.pk, "limit": pause.limit, "approved_by": user.get_username(),
                      "approved_at": timezone.now().isoformat(), "limits": limits},

@@ -30,7 +30,6 @@ from orchestration import dispatches as lifecycle
 from orchestration import nesting
 from orchestration.budget import reserve_skill_call
 from orchestration.delegation import can_delegate
-from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED, event_record
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
@@ -38,6 +37,15 @@ from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, 
 from orchestration.pauses import turn_pause
 from orchestration.pricing import call_cost
 from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
+from orchestration.records.catalogue import (
+    AGENT_ATTEMPT,
+    AGENT_FAILED,
+    AGENT_LLM_CALL,
+    AGENT_STARTED,
+    AGENT_WAITING_FOR_MERGE,
+    SKILL_FINISHED,
+)
+from orchestration.records.events import event_record
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
 from orchestration.spending import (
@@ -135,11 +143,11 @@ def _claim(dispatch_id: int) -> tuple[AgentDispatch, str, bool] | None:
     dispatch.state, dispatch.lease_token, dispatch.awaiting = DispatchState.RUNNING, token, {}
     dispatch.attempts += 1
     if first_start:
-        event_record(type="agent.subagent_started", dispatch=dispatch, summary=f"{dispatch.agent_id} started",
+        event_record(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
                      payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts})
     else:
         reason = "its agents finished" if awaited else "redelivered"
-        event_record(type="agent.subagent_attempt", dispatch=dispatch,
+        event_record(type=AGENT_ATTEMPT, dispatch=dispatch,
                      summary=f"{dispatch.agent_id} resumed ({reason})",
                      payload={"sub_agent_id": dispatch.agent_id, "attempt": dispatch.attempts, "reason": reason,
                               "awaited": (awaited or {}).get("agent_ids", [])})
@@ -325,7 +333,7 @@ class _Agent:
         with transaction.atomic():
             heartbeat(AgentDispatch, dispatch.pk, self.token, retries=retry)
             event_record(
-                type="agent.subagent_attempt", dispatch=dispatch,
+                type=AGENT_ATTEMPT, dispatch=dispatch,
                 summary=f"{dispatch.agent_id} retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
                 payload={"sub_agent_id": dispatch.agent_id, "retry": retry, "step": step, "reason": str(exc),
                          "backoff_seconds": delay},
@@ -539,13 +547,13 @@ def _finish(dispatch: AgentDispatch, token: str, finish: Finish, *, progress: di
         return
     tool_calls = progress.get("tool_calls_used", dispatch.tool_calls_used)
     if ok:
-        event_record(type="agent.subagent_waiting_for_merge", dispatch=dispatch,
+        event_record(type=AGENT_WAITING_FOR_MERGE, dispatch=dispatch,
                      summary=f"{dispatch.agent_id} finished ({finish.outcome}, {tool_calls} tool calls)",
                      payload={"sub_agent_id": dispatch.agent_id, "outcome": finish.outcome,
                               "result": finish.result[:4000], "tool_calls_used": tool_calls,
                               "duration_ms": duration_ms})
     else:
-        event_record(type="agent.subagent_failed", dispatch=dispatch,
+        event_record(type=AGENT_FAILED, dispatch=dispatch,
                      summary=f"{dispatch.agent_id} failed: {finish.error[:150]}",
                      payload={"sub_agent_id": dispatch.agent_id, "outcome": finish.outcome, "error": finish.error,
                               "duration_ms": duration_ms})

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from orchestration.events import event_record
+from orchestration.records.events import event_record
 from tests.browser.conftest import assert_timeline_complete, wait_turn
 from tests.factories import conversation_for, turn_for
 from benchmarks.llm_server import Agent, Plan

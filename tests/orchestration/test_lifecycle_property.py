@@ -37,9 +37,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from orchestration import dispatches as lifecycle
 from orchestration.budget import reserve_skill_call
-from orchestration.events import event_record
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Event, SkillExecution, TurnStatus
 from orchestration.reaper import reap_expired
+from orchestration.records.events import event_record
 from orchestration.subagent import Finish, _claim, _finish, _release
 from skills.domains.tasks.models import Task
 from skills.executor import execute_skill

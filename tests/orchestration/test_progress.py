@@ -8,8 +8,8 @@ import pytest
 from assistant.live import panel_context
 from benchmarks.llm_server import Agent, Plan
 from django.template.loader import render_to_string
-from orchestration.events import event_record
 from orchestration.models import Event
+from orchestration.records.events import event_record
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 SEARCH = ("tasks.search", {"status": "open"})

@@ -18,7 +18,6 @@ from django.db.models import ProtectedError
 from django.urls import reverse
 from django.utils import timezone
 
-from orchestration.audit import conversation_audit
 from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import (
     AgentDispatch,
@@ -31,6 +30,7 @@ from orchestration.models import (
     TurnPause,
     retention_deleting,
 )
+from orchestration.records.audit import conversation_audit
 from orchestration.retention import DeletionRefused, age_parse, conversation_delete
 from orchestration.usage import conversation_spend, turn_spend
 from tests.factories import conversation_for, dispatch_for, turn_for

@@ -8,8 +8,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from orchestration.audit import conversation_audit_json
 from orchestration.models import Conversation
+from orchestration.records.audit import conversation_audit_json
 from orchestration.retention import PruneCounts, age_parse, retention_cutoff, turns_prunable, turns_prune
 
 
