@@ -263,7 +263,7 @@ ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = env_float("ASSISTANT_LLM_RETRY_BACKOFF_SEC
 ASSISTANT_LLM_STREAM = env_bool("ASSISTANT_LLM_STREAM", True)
 # How often, at most, the streamed answer so far is stored and pushed to the page.
 ASSISTANT_STREAM_INTERVAL_SECONDS = env_float("ASSISTANT_STREAM_INTERVAL_SECONDS", 0.25, minimum=0)
-# What each model call costs (orchestration/pricing.py): US dollars per million tokens,
+# What each model call costs (orchestration/budgets/pricing.py): US dollars per million tokens,
 # per model. `cached_input` prices the prompt tokens the provider served from its cache
 # (they are part of the prompt tokens; without it they cost `input`). A dated snapshot
 # (gpt-4o-mini-2024-07-18) takes its model's price. ASSISTANT_MODEL_PRICES, a JSON object
@@ -279,7 +279,7 @@ DEFAULT_MODEL_PRICES = {
 }
 ASSISTANT_MODEL_PRICES = {**DEFAULT_MODEL_PRICES, **env_json_object("ASSISTANT_MODEL_PRICES", {})}
 
-# Limits (DESIGN.md §5). orchestration/limits.py is the one place that reads them.
+# Limits (DESIGN.md §5). orchestration/budgets/limits.py is the one place that reads them.
 ASSISTANT_LIMITS = {
     "skill_timeout_seconds": env_float("LIMIT_SKILL_TIMEOUT_SECONDS", 30.0, minimum=0.01),
     "agent_max_tool_calls": env_int("LIMIT_AGENT_MAX_TOOL_CALLS", 5, minimum=1),
@@ -300,7 +300,7 @@ ASSISTANT_LIMITS = {
     "turn_max_continues": env_int("LIMIT_TURN_MAX_CONTINUES", 5),
 }
 
-# Spend caps (issue 18; orchestration/spending.py). Each user's allowance of model use per
+# Spend caps (issue 18; orchestration/budgets/spending.py). Each user's allowance of model use per
 # day and per calendar month of their time zone, in tokens (prompt + completion) and in US
 # dollars for models with a price (ASSISTANT_MODEL_PRICES). 0 means no cap. These are the
 # site defaults; staff set a user's own in the admin ("Users' spending"). Every model call

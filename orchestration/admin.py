@@ -19,6 +19,9 @@ from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join
 
+from orchestration.budgets.pricing import format_usd
+from orchestration.budgets.spending import spend_use
+from orchestration.budgets.usage import turn_spend
 from orchestration.models import (
     SkillApproval,
     AgentDispatch,
@@ -35,9 +38,6 @@ from orchestration.models import (
 )
 from orchestration.approvals import clearance_words
 from orchestration import retention
-from orchestration.pricing import format_usd
-from orchestration.spending import spend_use
-from orchestration.usage import turn_spend
 
 
 def pretty_json(value) -> str:
@@ -505,7 +505,7 @@ class SpendAllowanceInline(StaffCanEditMixin, admin.StackedInline):
 @admin.register(UserSpend)
 class UserSpendAdmin(StaffCanEditMixin, admin.ModelAdmin):
     """Each user's model use today and this month (in their time zone) against their
-    allowance; staff set a user's own allowance here (orchestration/spending.py). The
+    allowance; staff set a user's own allowance here (orchestration/budgets/spending.py). The
     figures include the estimates of calls in flight."""
 
     list_display = ["username", "today", "this_month"]

@@ -32,7 +32,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from orchestration import dispatches as lifecycle
-from orchestration.limits import LimitTripped
+from orchestration.budgets.limits import LimitTripped
 from orchestration.models import AgentDispatch, SkillApproval, Turn, TurnPause, TurnStatus
 from orchestration.pauses import APPROVAL, AlreadyAnswered, turn_resume
 from orchestration.records.catalogue import APPROVAL_DECIDED

@@ -17,7 +17,7 @@ from graphlib import CycleError, TopologicalSorter
 from django.conf import settings
 
 from orchestration import dispatches as lifecycle
-from orchestration.limits import Limits, LimitTripped
+from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.llm import ToolCall
 from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import AgentDispatch, AgentProfile, Turn

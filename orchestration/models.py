@@ -82,7 +82,7 @@ class Turn(models.Model):
     cached_tokens = models.PositiveIntegerField(default=0)
     continuations = models.PositiveIntegerField(default=0)
     # The conversation's skill calls in its sliding window when this turn started: with
-    # this turn's own, a bound on the window that only ages down (orchestration/budget.py).
+    # this turn's own, a bound on the window that only ages down (orchestration/budgets/budget.py).
     prior_window_calls = models.PositiveIntegerField(default=0)
     # What the waiting orchestrator step is waiting for: {"tool_call_id", "agent_ids"}.
     awaiting = models.JSONField(default=dict, blank=True)
@@ -554,7 +554,7 @@ class SpendAllowance(models.Model):
 
 class SpendCounter(models.Model):
     """What a user's model calls used in one day or month of the time zone it started in,
-    reservations of calls in flight included (orchestration/spending.py). A new period is
+    reservations of calls in flight included (orchestration/budgets/spending.py). A new period is
     a new row, so nothing has to be reset at midnight and past periods stay as history;
     `starts_on` labels it (its first local day, kept unique per user and kind)."""
 

@@ -34,6 +34,7 @@ import json
 from django.db import transaction
 
 from orchestration import dispatches as lifecycle
+from orchestration.budgets.limits import Limits
 from orchestration.delegation import (
     dispatch_create,
     dispatch_result_json,
@@ -42,7 +43,6 @@ from orchestration.delegation import (
     reserve_agents,
 )
 from orchestration.leases import LeaseLost, heartbeat
-from orchestration.limits import Limits
 from orchestration.llm import ToolCall
 from orchestration.models import AgentDispatch, DispatchState
 from orchestration.toolcalls import error_json, parse_arguments

@@ -20,6 +20,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from orchestration import dispatches as lifecycle
+from orchestration.budgets.limits import Limits, LimitTripped
+from orchestration.budgets.pricing import call_cost
+from orchestration.budgets.spending import Reservation, spend_release, spend_reserve, spend_settle
 from orchestration.delegation import (
     dispatch_create,
     dispatch_result_json,
@@ -28,12 +31,10 @@ from orchestration.delegation import (
     reserve_agents,
 )
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
-from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
 from orchestration.pauses import turn_pause
-from orchestration.pricing import call_cost
 from orchestration.prompts import orchestrator_system_prompt, user_local_time
 from orchestration import runner
 from orchestration.records.catalogue import ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
@@ -42,7 +43,6 @@ from orchestration.records.history import llm_messages, message_append, messages
 from orchestration.records.output import output_limit, text_bounded
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
-from orchestration.spending import Reservation, spend_release, spend_reserve, spend_settle
 from orchestration.tasks import enqueue_orchestrator_step
 from orchestration.toolcalls import error_json, parse_arguments
 from orchestration.tooldefs import (
@@ -140,7 +140,7 @@ class _Request:
     messages: list[dict]
     tools: list[dict]
     limits: Limits
-    reservation: Reservation | None = None  # from the owner's allowance (orchestration/spending.py)
+    reservation: Reservation | None = None  # from the owner's allowance (orchestration/budgets/spending.py)
 
 
 def _next_request(turn_id: int, token: str) -> _Request | None:

@@ -15,12 +15,12 @@ from django.db.models import F
 from django.utils import formats, timezone
 
 from orchestration import dispatches as lifecycle
-from orchestration.limits import LIMIT_WORDS, Limits, LimitTripped
+from orchestration.budgets.limits import LIMIT_WORDS, Limits, LimitTripped
+from orchestration.budgets.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
 from orchestration.records.catalogue import LIMIT_TRIPPED, TURN_PAUSED, TURN_RESUMED
 from orchestration.records.events import event_record
 from orchestration.records.history import message_append
-from orchestration.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
 from orchestration.tasks import enqueue_orchestrator_step
 
 APPROVAL = "approval"  # the limit of an approval's pause (orchestration/approvals.py)

@@ -9,9 +9,9 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from orchestration.budgets.usage import Spend, TurnSpend, conversation_spend, turn_spend
 from orchestration.models import Conversation, Event, Message, Turn
 from orchestration.records.catalogue import AGENT_LLM_CALL, SKILL_FINISHED, SKILL_STARTED
-from orchestration.usage import Spend, TurnSpend, conversation_spend, turn_spend
 
 
 def conversations_for(*, user) -> QuerySet[Conversation]:

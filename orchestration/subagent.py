@@ -28,14 +28,17 @@ from django.utils import timezone
 from orchestration import approvals
 from orchestration import dispatches as lifecycle
 from orchestration import nesting
-from orchestration.budget import reserve_skill_call
+from orchestration.budgets.budget import reserve_skill_call
+from orchestration.budgets.limits import Limits, LimitTripped
+from orchestration.budgets.pricing import call_cost
+from orchestration.budgets.spending import (
+    Caps, Reservation, agent_call_release, agent_call_reserve, caps_for, spend_release, spend_reserve, spend_settle,
+)
 from orchestration.delegation import can_delegate
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
-from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
 from orchestration.pauses import turn_pause
-from orchestration.pricing import call_cost
 from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
 from orchestration.records.catalogue import (
     AGENT_ATTEMPT,
@@ -48,9 +51,6 @@ from orchestration.records.catalogue import (
 from orchestration.records.events import event_record
 from orchestration.retries import complete_retrying
 from orchestration.runner import HandBack, db
-from orchestration.spending import (
-    Caps, Reservation, agent_call_release, agent_call_reserve, caps_for, spend_release, spend_reserve, spend_settle,
-)
 from orchestration import runner
 from orchestration.tasks import enqueue_subagent
 from orchestration.toolcalls import error_json, load_json
@@ -245,7 +245,7 @@ class _Agent:
     messages: list[dict]
     stored: dict[str, dict]
     usage: Usage = Usage()  # of every response so far, stored ones included
-    reservation: Reservation | None = None  # of the model call being made (orchestration/spending.py)
+    reservation: Reservation | None = None  # of the model call being made (orchestration/budgets/spending.py)
     caps: Caps | None = None  # the owner's allowance, as this delivery read it
     llm_calls: int = 0
     used: int = 0

@@ -8,9 +8,9 @@ from django.utils import timezone
 
 from assistant.preferences import user_time_zone
 from orchestration import dispatches as lifecycle
-from orchestration.budget import calls_in_window
+from orchestration.budgets.budget import calls_in_window
+from orchestration.budgets.limits import Limits
 from orchestration.leases import lease_until
-from orchestration.limits import Limits
 from orchestration.models import (
     ACTIVE_TURN_STATUSES, Conversation, DispatchOutcome, Message, SkillExecution, Turn, TurnPause, TurnStatus,
 )

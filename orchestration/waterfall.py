@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from orchestration.budgets.usage import Spend, turn_spend
 from orchestration.models import ACTIVE_TURN_STATUSES, AgentDispatch, DispatchOutcome, Event, SkillExecution, Turn
 from orchestration.records.catalogue import (
     AGENT_ATTEMPT,
@@ -32,7 +33,6 @@ from orchestration.records.catalogue import (
     SKILL_STARTED,
 )
 from orchestration.selectors import display_state
-from orchestration.usage import Spend, turn_spend
 
 # A model call that failed and is retried: its retry's event (when the call began is not stored).
 FAILED_MODEL_CALLS = (ORCHESTRATOR_LLM_RETRY, AGENT_ATTEMPT)

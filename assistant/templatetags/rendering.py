@@ -4,9 +4,9 @@ from django.utils.safestring import mark_safe
 from assistant.payloads import render_payload
 from assistant.rendering import render_markdown
 from orchestration.approvals import clearance_words
+from orchestration.budgets.usage import Spend
 from orchestration.records.output import output_limit, text_bounded
 from orchestration.selectors import state_words
-from orchestration.usage import Spend
 
 register = template.Library()
 

@@ -1,7 +1,7 @@
 """Spend caps on a real qcluster: parallel agents on two worker processes race for the
 last of a small token allowance, and none overshoots it (issue 18).
 
-Every model call reserves its estimate before it is made (orchestration/spending.py);
+Every model call reserves its estimate before it is made (orchestration/budgets/spending.py);
 the scripted model reports less than each estimate, so the allowance's row can never
 pass the cap unless two reservations both took the same room."""
 

@@ -18,6 +18,7 @@ from django.db.models import ProtectedError
 from django.urls import reverse
 from django.utils import timezone
 
+from orchestration.budgets.usage import conversation_spend, turn_spend
 from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import (
     AgentDispatch,
@@ -32,7 +33,6 @@ from orchestration.models import (
 )
 from orchestration.records.audit import conversation_audit
 from orchestration.retention import DeletionRefused, age_parse, conversation_delete
-from orchestration.usage import conversation_spend, turn_spend
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -24,12 +24,12 @@ from django.utils import timezone
 
 from assistant.preferences import preferences_time_zone_set
 from benchmarks.llm_server import Agent, Plan, Reply, calls, text
+from orchestration.budgets.limits import LimitTripped
+from orchestration.budgets.spending import CAP_GRANT, caps_for, prompt_estimate, spend_reserve, spend_settle, spend_use
 from orchestration.models import LLMCall, SpendAllowance, SpendCounter, TurnPause
 from orchestration.pauses import CONTINUES_SPENT, pause_question, turn_continue
-from orchestration.limits import LimitTripped
 from orchestration.llm import get_provider
 from orchestration.llm.base import Usage
-from orchestration.spending import CAP_GRANT, caps_for, prompt_estimate, spend_reserve, spend_settle, spend_use
 from orchestration.turns import TurnRefused, turn_stop
 from tests.factories import spent
 

@@ -23,8 +23,8 @@ from datetime import timedelta
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.leases import heartbeat
-from orchestration.limits import Limits, LimitTripped
 from orchestration.models import AgentDispatch, Conversation, DispatchState, Event, Turn
 from orchestration.records.catalogue import SKILL_STARTED
 from orchestration.records.events import event_record
