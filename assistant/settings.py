@@ -352,7 +352,7 @@ SKILLS_MAX_ROWS = {
 SKILLS_WORKSPACE_MAX_ENTRIES = env_int("SKILLS_WORKSPACE_MAX_ENTRIES", 1_000, minimum=1)
 SKILLS_WORKSPACE_MAX_BYTES = env_int("SKILLS_WORKSPACE_MAX_BYTES", 50_000_000, minimum=1)
 
-# Approvals (skills/policy.py, orchestration/approvals.py). Each skill's policy when its
+# Approvals (skills/policy.py, orchestration/questions/approvals.py). Each skill's policy when its
 # owner set none: "allow", "ask" (pause the turn and show the call before it runs) or
 # "deny". A skill that sends (Skill.recipients) asks unless listed; any other allows.
 # ASSISTANT_SKILL_POLICIES, a JSON object in the environment, adds to or replaces entries.

@@ -36,8 +36,8 @@ from orchestration.models import (
     TurnPause,
     UserSpend,
 )
-from orchestration.approvals import clearance_words
 from orchestration import retention
+from orchestration.questions.approvals import clearance_words
 
 
 def pretty_json(value) -> str:

@@ -16,7 +16,6 @@ from django.db import models
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import formats, timezone
-from django.utils.functional import cached_property
 
 from skills.models import AbstractSkillExecution
 
@@ -30,7 +29,7 @@ class Conversation(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # Outside content (text the owner did not write) that any agent of the conversation
     # has read, and since when: the history carries it into every later turn, whose side
-    # effects therefore ask first (orchestration/approvals.py).
+    # effects therefore ask first (orchestration/questions/approvals.py).
     outside = models.JSONField(default=list, blank=True)
     outside_since = models.DateTimeField(null=True, blank=True)
 
@@ -163,13 +162,6 @@ class TurnPause(models.Model):
             )
         ]
 
-    @cached_property
-    def words(self):
-        """The question in plain words (orchestration/pauses.py holds them)."""
-        from orchestration.pauses import pause_words
-
-        return pause_words(self.limit, self.detail)
-
     def __str__(self) -> str:
         return f"{self.limit} on {self.turn}"
 
@@ -210,13 +202,6 @@ class SkillApproval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.skill} ({self.get_decision_display()})"
-
-    @cached_property
-    def rule_offer(self) -> str:
-        """The "always allow" the prompt offers, in words ("" when none is)."""
-        from orchestration.approvals import rule_offered
-
-        return rule_offered(self)
 
 
 class Message(models.Model):
@@ -357,7 +342,7 @@ class AgentDispatch(models.Model):
     # A delegating agent back in `created` until its own agents finish (no worker held):
     # {"tool_call_id", "agent_ids"} of the get_agent_results call it is waiting on.
     awaiting = models.JSONField(default=dict, blank=True)
-    # Outside content (orchestration/approvals.py): while it runs, what reached it from
+    # Outside content (orchestration/questions/approvals.py): while it runs, what reached it from
     # outside its run (the orchestrator's or parent's reading when it was dispatched); once
     # it has finished, everything that reached it (its results, dependencies' and
     # children's reports too), which marks its report as data for whoever reads it.

@@ -34,9 +34,9 @@ from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
-from orchestration.pauses import turn_pause
 from orchestration.prompts import orchestrator_system_prompt, user_local_time
 from orchestration import runner
+from orchestration.questions.pauses import turn_pause
 from orchestration.records.catalogue import ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
 from orchestration.records.events import event_record
 from orchestration.records.history import llm_messages, message_append, messages_append, pending_tool_calls

@@ -25,7 +25,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from orchestration import approvals
 from orchestration import dispatches as lifecycle
 from orchestration import nesting
 from orchestration.budgets.budget import reserve_skill_call
@@ -38,8 +37,9 @@ from orchestration.delegation import can_delegate
 from orchestration.leases import LeaseLost, heartbeat, lease_until, new_token
 from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
-from orchestration.pauses import turn_pause
 from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
+from orchestration.questions import approvals
+from orchestration.questions.pauses import turn_pause
 from orchestration.records.catalogue import (
     AGENT_ATTEMPT,
     AGENT_FAILED,

@@ -15,8 +15,8 @@ import signal
 import pytest
 
 from benchmarks.llm_server import Agent, Plan
-from orchestration.approvals import approval_answer
 from orchestration.models import AgentDispatch, SkillApproval, SkillExecution
+from orchestration.questions.approvals import approval_answer
 from orchestration.turns import turn_start
 from skills.domains.email.models import OutboxEmail
 from tests.conftest import APPROVALS_ON_ENV

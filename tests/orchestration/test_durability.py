@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from benchmarks.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text, with_burst
 from orchestration.models import AgentDispatch, Event, LLMCall, SkillExecution, TurnPause
-from orchestration.pauses import turn_continue
+from orchestration.questions.pauses import turn_continue
 from orchestration.turns import turn_start, turn_stop
 from skills import registry
 from skills.base import Domain, Skill

@@ -34,7 +34,7 @@ from django.utils import timezone
 from orchestration import dispatches as lifecycle
 from orchestration.budgets.limits import LimitTripped
 from orchestration.models import AgentDispatch, SkillApproval, Turn, TurnPause, TurnStatus
-from orchestration.pauses import APPROVAL, AlreadyAnswered, turn_resume
+from orchestration.questions.pauses import APPROVAL, AlreadyAnswered, turn_resume
 from orchestration.records.catalogue import APPROVAL_DECIDED
 from orchestration.records.events import event_record
 from skills import egress

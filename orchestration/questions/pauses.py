@@ -23,7 +23,7 @@ from orchestration.records.events import event_record
 from orchestration.records.history import message_append
 from orchestration.tasks import enqueue_orchestrator_step
 
-APPROVAL = "approval"  # the limit of an approval's pause (orchestration/approvals.py)
+APPROVAL = "approval"  # the limit of an approval's pause (orchestration/questions/approvals.py)
 
 
 def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) -> TurnPause | None:
@@ -55,7 +55,7 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
             status=TurnStatus.PAUSED, lease_token="", lease_expires_at=None, step_attempts=0, answer_draft="",
             # the waiting state is re-derived on resume, from the pending tool call
         )
-        event_record(type=LIMIT_TRIPPED, turn=turn, summary=trip.summary(pause.words.label),
+        event_record(type=LIMIT_TRIPPED, turn=turn, summary=trip.summary(pause_words_of(pause).label),
                      payload=detail | {"limit": trip.limit})
         # A one-line record in the chat; the question itself, with its buttons, is the
         # prompt panel (one prompt per pause). The detail stays on the pause and the event.
@@ -107,6 +107,11 @@ class PauseWords:
     waiting: list[str]
     grant: str
     frees_at: str
+
+
+def pause_words_of(pause: TurnPause) -> PauseWords:
+    """A pause's question in plain words (pages show it through the `question` filter)."""
+    return pause_words(pause.limit, pause.detail)
 
 
 def pause_words(limit: str, detail: dict) -> PauseWords:
