@@ -20,11 +20,11 @@ from django.db.models import Max
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from orchestration import selectors
 from orchestration.llm.offline import EXAMPLE_REQUESTS
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
 from orchestration.records.catalogue import TURN_RESTS, TURN_RUNS
-from orchestration.waterfall import turn_waterfall
+from orchestration.reports import selectors
+from orchestration.reports.waterfall import turn_waterfall
 
 # Events can commit out of id order on PostgreSQL (ids are taken at insert, not commit):
 # ids are only considered final once they are this old.

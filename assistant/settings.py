@@ -371,7 +371,7 @@ ASSISTANT_EGRESS = {
 # How long "always allow" on an approval prompt lasts.
 ASSISTANT_APPROVAL_RULE_DAYS = env_int("ASSISTANT_APPROVAL_RULE_DAYS", 30, minimum=1)
 
-# Retention and deletion (orchestration/retention.py). `manage.py prune` removes the
+# Retention and deletion (orchestration/reports/retention.py). `manage.py prune` removes the
 # transcripts of turns finished longer ago than this (its --older-than overrides it),
 # this many turns per transaction, leaving a tombstone with their counts, tokens and cost.
 ASSISTANT_RETENTION_DAYS = env_int("ASSISTANT_RETENTION_DAYS", 90, minimum=1)

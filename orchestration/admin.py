@@ -2,7 +2,7 @@
 
 Every record here is read-only for everyone, superusers included: an audit anyone can
 edit proves nothing. Rows leave only through the code that owns them (events only through
-orchestration/retention.py: pruning, an owner deleting a conversation, a superuser deleting a user).
+orchestration/reports/retention.py: pruning, an owner deleting a conversation, a superuser deleting a user).
 Agent profiles are configuration, not audit, and stay editable.
 """
 
@@ -36,8 +36,8 @@ from orchestration.models import (
     TurnPause,
     UserSpend,
 )
-from orchestration import retention
 from orchestration.questions.approvals import clearance_words
+from orchestration.reports import retention
 
 
 def pretty_json(value) -> str:
@@ -542,7 +542,7 @@ class UserSpendAdmin(StaffCanEditMixin, admin.ModelAdmin):
 
 class UserDeletionMixin:
     """Deleting a user removes everything of theirs, the event log and their workspace
-    included (orchestration/retention.py `user_delete`): superusers only, and only
+    included (orchestration/reports/retention.py `user_delete`): superusers only, and only
     through that service, for one user or a selection."""
 
     def has_delete_permission(self, request, obj=None):

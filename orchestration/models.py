@@ -106,7 +106,7 @@ class Turn(models.Model):
     outside = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Retention (orchestration/retention.py): when `manage.py prune` removed the turn's
+    # Retention (orchestration/reports/retention.py): when `manage.py prune` removed the turn's
     # transcript, and what it held (counts, tokens, cost, dates). Its LLM calls stay, with
     # their tokens and cost but not their responses, so every usage figure stays right.
     pruned_at = models.DateTimeField(null=True, blank=True)
@@ -428,7 +428,7 @@ class AppendOnlyError(Exception):
     """Events are facts: they are never changed, and removed only with what they describe."""
 
 
-# Set only by orchestration/retention.py around its deletions (prune, an owner deleting a
+# Set only by orchestration/reports/retention.py around its deletions (prune, an owner deleting a
 # conversation, a superuser deleting a user): anywhere else an event cannot be removed,
 # and neither can the conversation, turn or dispatch it names.
 _retention_deleting: ContextVar[bool] = ContextVar("retention_deleting", default=False)
@@ -475,7 +475,7 @@ class EventQuerySet(models.QuerySet):
 
 class Event(models.Model):
     """One fact of the timeline (DESIGN.md §4). Rows are inserted, never changed; they
-    leave only through orchestration/retention.py."""
+    leave only through orchestration/reports/retention.py."""
 
     conversation = models.ForeignKey(
         Conversation, on_delete=protect_unless_retention, related_name="events"

@@ -7,7 +7,7 @@ from orchestration.budgets.usage import Spend
 from orchestration.questions.approvals import clearance_words, rule_offered
 from orchestration.questions.pauses import PauseWords, pause_words_of
 from orchestration.records.output import output_limit, text_bounded
-from orchestration.selectors import state_words
+from orchestration.reports.selectors import state_words
 
 register = template.Library()
 

@@ -15,7 +15,7 @@ from playwright.sync_api import expect
 
 from benchmarks.llm_server import Agent, Plan, agent_of
 from orchestration.models import Event
-from orchestration.waterfall import turn_waterfall
+from orchestration.reports.waterfall import turn_waterfall
 from tests.browser.conftest import wait_turn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks.llm_server import Agent, Plan
 from orchestration.models import Turn
-from orchestration.retention import user_delete
+from orchestration.reports.retention import user_delete
 from orchestration.turns import turn_start
 from tests.checks import references
 from tests.factories import conversation_for

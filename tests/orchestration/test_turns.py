@@ -77,7 +77,7 @@ def test_offline_dispatches_name_the_planner_as_their_model(run_turn, settings):
 @pytest.mark.django_db
 def test_a_message_to_a_conversation_deleted_meanwhile_is_refused_not_a_crash(alice):
     """The page loaded the conversation, then its owner deleted it in another tab."""
-    from orchestration.retention import conversation_delete
+    from orchestration.reports.retention import conversation_delete
     from orchestration.turns import TurnRefused
 
     conversation = conversation_for(alice)

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from orchestration.budgets.usage import Spend, conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, LLMCall, Turn
-from orchestration.selectors import conversation_usage
+from orchestration.reports.selectors import conversation_usage
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""Age out finished turns' transcripts, leaving a tombstone (orchestration/retention.py)."""
+"""Age out finished turns' transcripts, leaving a tombstone (orchestration/reports/retention.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from orchestration.models import Conversation
 from orchestration.records.audit import conversation_audit_json
-from orchestration.retention import PruneCounts, age_parse, retention_cutoff, turns_prunable, turns_prune
+from orchestration.reports.retention import PruneCounts, age_parse, retention_cutoff, turns_prunable, turns_prune
 
 
 class Command(BaseCommand):

@@ -32,7 +32,7 @@ from orchestration.records.catalogue import (
     SKILL_FINISHED,
     SKILL_STARTED,
 )
-from orchestration.selectors import display_state
+from orchestration.reports.selectors import display_state
 
 # A model call that failed and is retried: its retry's event (when the call began is not stored).
 FAILED_MODEL_CALLS = (ORCHESTRATOR_LLM_RETRY, AGENT_ATTEMPT)
