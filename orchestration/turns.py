@@ -6,7 +6,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from assistant.preferences import user_time_zone
 from orchestration import dispatches as lifecycle
 from orchestration.budgets.budget import calls_in_window
 from orchestration.budgets.limits import Limits
@@ -19,6 +18,7 @@ from orchestration.records.events import event_record, group_notify
 from orchestration.records.history import message_append
 from orchestration.records.outside import conversation_outside_fold
 from orchestration.tasks import enqueue_orchestrator_step
+from orchestration.zones import user_time_zone
 from skills.models import ExecutionStatus
 from skills.registry import UnknownSkill, get_skill
 from skills.validation import unstorable_text

@@ -52,11 +52,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import formats, timezone
 
-from assistant.preferences import user_time_zone
 from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.budgets.pricing import MILLION, call_cost, format_usd, price_for
 from orchestration.llm import Usage
 from orchestration.models import SpendAllowance, SpendCounter, Turn
+from orchestration.zones import user_time_zone
 
 SPEND_CAP = "spend_cap"  # the limit of a pause on a user's allowance
 DAY, MONTH = SpendCounter.Period.DAY, SpendCounter.Period.MONTH
