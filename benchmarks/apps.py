@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class BenchmarksConfig(AppConfig):
-    """Tools that measure the engine (`manage.py bench`, `manage.py loadtest`) and the
-    scripted OpenAI-compatible server the tests share: beside the engine, not in it."""
+    """Tools that measure the engine (`manage.py bench`, `manage.py loadtest`): beside
+    the engine, not in it. The scripted model server they use is the tests' (tests/support/)."""
 
     name = "benchmarks"

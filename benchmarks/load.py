@@ -49,8 +49,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from benchmarks.llm_server import Agent, Plan, ScriptedLLM
-from benchmarks.processes import (
+from orchestration.records.catalogue import TURN_RESTS
+from tests.support.llm_server import Agent, Plan, ScriptedLLM
+from tests.support.processes import (
     STARTUP_SECONDS,
     Cluster,
     ManagedProcess,
@@ -58,7 +59,6 @@ from benchmarks.processes import (
     database_url,
     production_env,
 )
-from orchestration.records.catalogue import TURN_RESTS
 
 SKILL = ("tasks.search", {"status": "open"})
 FINAL_TYPES = set(TURN_RESTS)

@@ -14,12 +14,12 @@ import pytest
 from django.db.models import Sum
 from django_q.models import OrmQ
 
-from benchmarks.llm_server import Agent, Plan
 from orchestration.models import AgentDispatch, LLMCall, SpendAllowance, SpendCounter, Turn, TurnPause
 from orchestration.questions.pauses import turn_continue
 from orchestration.turns import turn_start
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

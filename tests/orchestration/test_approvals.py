@@ -15,7 +15,6 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from benchmarks.llm_server import COURIER, Agent, Obedient, Plan
 from orchestration.models import AgentDispatch, Event, Message, SkillApproval, SkillExecution, TurnPause
 from orchestration.questions.approvals import StaleAnswer, approval_answer, call_digest, rule_offered
 from orchestration.questions.pauses import AlreadyAnswered, turn_continue
@@ -24,6 +23,7 @@ from skills.domains.email.models import OutboxEmail
 from skills.domains.files.workspace import workspace_root
 from skills.domains.memory.models import Memory
 from skills.models import EgressAllow, Policy, SkillRule
+from tests.support.llm_server import COURIER, Agent, Obedient, Plan
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("approvals_on")]
 

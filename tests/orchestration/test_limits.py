@@ -12,7 +12,7 @@ from orchestration.questions.pauses import AlreadyAnswered, pause_question, paus
 from orchestration.turns import TurnRefused, turn_start, turn_stop
 from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
-from benchmarks.llm_server import Agent, Plan, calls, text
+from tests.support.llm_server import Agent, Plan, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

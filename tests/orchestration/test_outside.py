@@ -5,7 +5,7 @@ every later turn of that conversation, every child an agent dispatches after rea
 and every row written from it; no side effect it can have reached runs without the
 owner's word, asked with the warning and with no rule on offer.
 
-The scripted model (`Relay`, benchmarks/llm_server.py) carries what it read into what it
+The scripted model (`Relay`, tests/support/llm_server.py) carries what it read into what it
 writes, as a summary would. The owner allows email.send by a rule and sends to their own
 domain: only outside content can make a send ask. Inline tasks, the real openai SDK.
 """
@@ -23,7 +23,6 @@ from django.utils import timezone
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.llm_server import Relay, RelayAgent
 from orchestration.models import (
     AgentDispatch, AgentProfile, Conversation, Message, SkillApproval, SkillExecution, Turn, TurnStatus,
 )
@@ -36,6 +35,7 @@ from skills.domains.files.workspace import workspace_root
 from skills.domains.tasks.models import Task
 from skills.models import Policy, SkillRule
 from tests.factories import conversation_for, dispatch_for, turn_for
+from tests.support.llm_server import Relay, RelayAgent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("approvals_on")]
 

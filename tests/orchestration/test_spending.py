@@ -23,7 +23,6 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from assistant.preferences import preferences_time_zone_set
-from benchmarks.llm_server import Agent, Plan, Reply, calls, text
 from orchestration.budgets.limits import LimitTripped
 from orchestration.budgets.spending import CAP_GRANT, caps_for, prompt_estimate, spend_reserve, spend_settle, spend_use
 from orchestration.models import LLMCall, SpendAllowance, SpendCounter, TurnPause
@@ -32,6 +31,7 @@ from orchestration.llm.base import Usage
 from orchestration.questions.pauses import CONTINUES_SPENT, pause_question, pause_words_of, turn_continue
 from orchestration.turns import TurnRefused, turn_stop
 from tests.factories import spent
+from tests.support.llm_server import Agent, Plan, Reply, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

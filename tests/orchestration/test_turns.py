@@ -40,7 +40,7 @@ def test_the_first_request_names_the_conversation_and_the_next_does_not(alice):
 
 @pytest.mark.django_db(transaction=True)
 def test_an_answer_that_claims_success_is_followed_by_the_engines_record_of_failures(llm, run_turn):
-    from benchmarks.llm_server import Agent, Plan
+    from tests.support.llm_server import Agent, Plan
 
     llm.respond = Plan([
         Agent("finder", ["tasks.search"], [("tasks.search", {"status": "open"})]),
@@ -58,7 +58,7 @@ def test_an_answer_that_claims_success_is_followed_by_the_engines_record_of_fail
 
 @pytest.mark.django_db(transaction=True)
 def test_a_turn_where_everything_went_as_asked_gets_no_note(llm, run_turn):
-    from benchmarks.llm_server import Agent, Plan
+    from tests.support.llm_server import Agent, Plan
 
     llm.respond = Plan([Agent("finder", ["tasks.search"], [("tasks.search", {"status": "open"})])],
                        answer="Found them.", discover=False)

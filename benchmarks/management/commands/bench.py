@@ -21,13 +21,13 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from benchmarks.handoffs import HANDOFFS
-from benchmarks.llm_server import ScriptedLLM
 from benchmarks.load import Daphne
-from benchmarks.processes import Cluster, production_env
 from benchmarks.runner import median_run, now_label, queries_per_agent_step, run_workload
 from benchmarks.tokens import seed_example_figures
 from benchmarks.tokens import table as tokens_table
 from benchmarks.workloads import WORKLOADS
+from tests.support.llm_server import ScriptedLLM
+from tests.support.processes import Cluster, production_env
 
 TOKENS = "tokens"  # a section, not a timed workload: the seed example's token economy
 
