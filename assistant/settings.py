@@ -44,7 +44,6 @@ INSTALLED_APPS = [
     "assistant",
     "orchestration",
     "skills",
-    "benchmarks",
 ]
 
 MIDDLEWARE = [
