@@ -47,11 +47,11 @@ bench: install
 	$(BIN)/pip install --quiet -e '.[bench]'
 	rm -f var/bench/assistant-bench.sqlite3*
 	DATABASE_URL=sqlite:///$(abspath var/bench/assistant-bench.sqlite3) $(BIN)/python manage.py migrate --noinput -v0
-	DATABASE_URL=sqlite:///$(abspath var/bench/assistant-bench.sqlite3) $(BIN)/python manage.py bench --output bench-results/embedded.json $(BENCH_ARGS)
+	DATABASE_URL=sqlite:///$(abspath var/bench/assistant-bench.sqlite3) $(BIN)/python -m benchmarks bench --output bench-results/embedded.json $(BENCH_ARGS)
 	psql "$(dir $(BENCH_PG))postgres" -qc 'DROP DATABASE IF EXISTS $(notdir $(BENCH_PG))' -c 'CREATE DATABASE $(notdir $(BENCH_PG))'
 	DATABASE_URL=$(BENCH_PG) $(BIN)/python manage.py migrate --noinput -v0
-	DATABASE_URL=$(BENCH_PG) REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python manage.py bench --output bench-results/postgres-redis.json $(BENCH_ARGS)
-	$(BIN)/python manage.py bench --plot bench-results/embedded.json bench-results/postgres-redis.json
+	DATABASE_URL=$(BENCH_PG) REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python -m benchmarks bench --output bench-results/postgres-redis.json $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks bench --plot bench-results/embedded.json bench-results/postgres-redis.json
 
 ## Load: browser-like users over htmx posts and WebSockets against daphne and a qcluster,
 ## on PostgreSQL + Redis (a scratch database); LOAD_ARGS="--users 5 --duration 30" for a short one.
@@ -60,7 +60,7 @@ load: install
 	$(BIN)/pip install --quiet -e '.[bench]'
 	psql "$(dir $(LOAD_PG))postgres" -qc 'DROP DATABASE IF EXISTS $(notdir $(LOAD_PG))' -c 'CREATE DATABASE $(notdir $(LOAD_PG))'
 	DATABASE_URL=$(LOAD_PG) $(BIN)/python manage.py migrate --noinput -v0
-	DATABASE_URL=$(LOAD_PG) REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python manage.py loadtest --users 50 --duration 180 --output bench-results/load.json $(LOAD_ARGS)
+	DATABASE_URL=$(LOAD_PG) REDIS_URL=redis://127.0.0.1:6379/0 $(BIN)/python -m benchmarks loadtest --users 50 --duration 180 --output bench-results/load.json $(LOAD_ARGS)
 
 ## Security checks, in seconds: bandit over our code (fails on medium or high severity; a
 ## `# nosec` needs its reason beside it) and pip-audit over the installed packages, the

@@ -31,10 +31,10 @@ from django.utils import timezone
 
 from assistant.live import Cursor, render_draft, render_events, resume_floor, turn_running
 from assistant.pooled import pooled
-from assistant.preferences import user_time_zone
 from assistant.watch import TOO_MANY, poll_interval, socket_join, socket_leave
-from orchestration.events import group_name
 from orchestration.models import Conversation
+from orchestration.records.events import group_name
+from orchestration.zones import user_time_zone
 
 FORBIDDEN = 4403
 logger = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ class EgressAllowForm(forms.Form):
 
 class ApprovalAnswerForm(forms.Form):
     """An answer to an approval prompt, naming the question it answers: the approval's id
-    and the digest of the call shown (orchestration/approvals.py `approval_answer`)."""
+    and the digest of the call shown (orchestration/questions/approvals.py `approval_answer`)."""
 
     ANSWERS = {"approve": (True, False), "always": (True, True), "deny": (False, False)}  # (approve, always)
 

@@ -20,23 +20,17 @@ from django.db.models import Max
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from orchestration import selectors
 from orchestration.llm.offline import EXAMPLE_REQUESTS
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
-from orchestration.waterfall import turn_waterfall
+from orchestration.records.catalogue import TURN_RESTS, TURN_RUNS
+from orchestration.reports import selectors
+from orchestration.reports.waterfall import turn_waterfall
 
 # Events can commit out of id order on PostgreSQL (ids are taken at insert, not commit):
 # ids are only considered final once they are this old.
 SETTLE_SECONDS = 5
 
 NEWEST = 2**63 - 1  # an id above every event's: `replay_floor` up to it is the newest settled one
-
-PANEL_EVENT_PREFIXES = ("turn.", "limit.", "agent.", "orchestrator.", "skill.")
-
-
-# Events after which a turn is running (its answer may stream) or no longer is.
-TURN_RUNS = ("turn.started", "turn.resumed")
-TURN_RESTS = ("turn.completed", "turn.failed", "turn.stopped", "turn.paused")
 
 
 class _Seen:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.shortcuts import render
-
 from django.utils import timezone
 
-from assistant.preferences import stored_time_zone
+from orchestration.zones import stored_time_zone
 
 POLICY = "; ".join(
     [

@@ -16,7 +16,7 @@ from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from orchestration.output import output_limit, text_bounded
+from orchestration.records.output import output_limit, text_bounded
 
 EMAIL_ROWS = (("to", "To"), ("subject", "Subject"), ("body", "Body"))
 

@@ -5,7 +5,7 @@ http(s)/mailto links, and no attributes beyond href/title — so no script, no e
 handlers, no javascript:/data: URLs and no hx-* attributes reach the page.
 
 A text longer than ASSISTANT_OUTPUT_LIMITS["rendered_chars"] is rendered up to the cap,
-followed by a note of how much was left out (orchestration/output.py). And what was
+followed by a note of how much was left out (orchestration/records/output.py). And what was
 rendered is kept, per process, keyed by a hash of the text and RENDERER_VERSION: a stored
 message never changes, so a page view or a live push shows the HTML rendered the first
 time instead of running markdown and nh3 again over the whole chat. A hash rather than
@@ -28,7 +28,7 @@ from django.conf import settings
 from django.utils.html import format_html
 from markdown_it import MarkdownIt
 
-from orchestration.output import output_limit, truncation_note
+from orchestration.records.output import output_limit, truncation_note
 
 # Bump when the markdown options or the allow-lists below change: cached HTML is keyed by it.
 RENDERER_VERSION = 1

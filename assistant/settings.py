@@ -44,7 +44,6 @@ INSTALLED_APPS = [
     "assistant",
     "orchestration",
     "skills",
-    "benchmarks",
 ]
 
 MIDDLEWARE = [
@@ -271,7 +270,7 @@ ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = env_float("ASSISTANT_LLM_RETRY_BACKOFF_SEC
 ASSISTANT_LLM_STREAM = env_bool("ASSISTANT_LLM_STREAM", True)
 # How often, at most, the streamed answer so far is stored and pushed to the page.
 ASSISTANT_STREAM_INTERVAL_SECONDS = env_float("ASSISTANT_STREAM_INTERVAL_SECONDS", 0.25, minimum=0)
-# What each model call costs (orchestration/pricing.py): US dollars per million tokens,
+# What each model call costs (orchestration/budgets/pricing.py): US dollars per million tokens,
 # per model. `cached_input` prices the prompt tokens the provider served from its cache
 # (they are part of the prompt tokens; without it they cost `input`). A dated snapshot
 # (gpt-4o-mini-2024-07-18) takes its model's price. ASSISTANT_MODEL_PRICES, a JSON object
@@ -287,7 +286,7 @@ DEFAULT_MODEL_PRICES = {
 }
 ASSISTANT_MODEL_PRICES = {**DEFAULT_MODEL_PRICES, **env_json_object("ASSISTANT_MODEL_PRICES", {})}
 
-# Limits (DESIGN.md §5). orchestration/limits.py is the one place that reads them.
+# Limits (DESIGN.md §5). orchestration/budgets/limits.py is the one place that reads them.
 ASSISTANT_LIMITS = {
     "skill_timeout_seconds": env_float("LIMIT_SKILL_TIMEOUT_SECONDS", 30.0, minimum=0.01),
     "agent_max_tool_calls": env_int("LIMIT_AGENT_MAX_TOOL_CALLS", 5, minimum=1),
@@ -308,7 +307,7 @@ ASSISTANT_LIMITS = {
     "turn_max_continues": env_int("LIMIT_TURN_MAX_CONTINUES", 5),
 }
 
-# Spend caps (issue 18; orchestration/spending.py). Each user's allowance of model use per
+# Spend caps (issue 18; orchestration/budgets/spending.py). Each user's allowance of model use per
 # day and per calendar month of their time zone, in tokens (prompt + completion) and in US
 # dollars for models with a price (ASSISTANT_MODEL_PRICES). 0 means no cap. These are the
 # site defaults; staff set a user's own in the admin ("Users' spending"). Every model call
@@ -360,7 +359,7 @@ SKILLS_MAX_ROWS = {
 SKILLS_WORKSPACE_MAX_ENTRIES = env_int("SKILLS_WORKSPACE_MAX_ENTRIES", 1_000, minimum=1)
 SKILLS_WORKSPACE_MAX_BYTES = env_int("SKILLS_WORKSPACE_MAX_BYTES", 50_000_000, minimum=1)
 
-# Approvals (skills/policy.py, orchestration/approvals.py). Each skill's policy when its
+# Approvals (skills/policy.py, orchestration/questions/approvals.py). Each skill's policy when its
 # owner set none: "allow", "ask" (pause the turn and show the call before it runs) or
 # "deny". A skill that sends (Skill.recipients) asks unless listed; any other allows.
 # ASSISTANT_SKILL_POLICIES, a JSON object in the environment, adds to or replaces entries.
@@ -379,7 +378,7 @@ ASSISTANT_EGRESS = {
 # How long "always allow" on an approval prompt lasts.
 ASSISTANT_APPROVAL_RULE_DAYS = env_int("ASSISTANT_APPROVAL_RULE_DAYS", 30, minimum=1)
 
-# Retention and deletion (orchestration/retention.py). `manage.py prune` removes the
+# Retention and deletion (orchestration/reports/retention.py). `manage.py prune` removes the
 # transcripts of turns finished longer ago than this (its --older-than overrides it),
 # this many turns per transaction, leaving a tombstone with their counts, tokens and cost.
 ASSISTANT_RETENTION_DAYS = env_int("ASSISTANT_RETENTION_DAYS", 90, minimum=1)
@@ -395,7 +394,7 @@ ASSISTANT_SOCKETS_PER_CONVERSATION = env_int("ASSISTANT_SOCKETS_PER_CONVERSATION
 # messages). Unset: 0.25 s without Redis, 5 s with it.
 ASSISTANT_SOCKET_POLL_SECONDS = env_float("ASSISTANT_SOCKET_POLL_SECONDS", 0.25 if not REDIS_URL else 5.0,
                                           minimum=0.01)
-# Sizes in characters (orchestration/output.py): the answer stored as the chat message (the
+# Sizes in characters (orchestration/records/output.py): the answer stored as the chat message (the
 # model's whole response stays in the turn's stored LLM call, for the audit), any text run
 # through markdown for a page (keep it at least answer_chars), and each value of an
 # event's payload table (at least SKILLS_MAX_ARGUMENT_BYTES: an approval prompt shows a

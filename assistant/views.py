@@ -13,15 +13,17 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from assistant.decorators import audited_conversation, owned_conversation
 from assistant.forms import ApprovalAnswerForm, EgressAllowForm, SkillRuleForm
 from assistant.live import panel_context, replay_floor
-from assistant.preferences import InvalidTimeZone, preferences_time_zone_set, time_zone_names, user_time_zone
+from assistant.preferences import InvalidTimeZone, preferences_time_zone_set
 from assistant.ratelimits import CONVERSATION, MESSAGE, RateLimited, rate_limited
-from orchestration import audit
-from orchestration import selectors, services
-from orchestration.approvals import approval_answer
-from orchestration.pauses import AlreadyAnswered, turn_continue
-from orchestration.retention import DeletionRefused, conversation_delete, conversation_deletion_summary
+from orchestration import services
+from orchestration.questions.approvals import approval_answer
+from orchestration.questions.pauses import AlreadyAnswered, turn_continue
+from orchestration.records import audit
+from orchestration.reports import selectors
+from orchestration.reports.retention import DeletionRefused, conversation_delete, conversation_deletion_summary
+from orchestration.reports.waterfall import turn_waterfall
 from orchestration.turns import TurnRefused, turn_start, turn_stop
-from orchestration.waterfall import turn_waterfall
+from orchestration.zones import time_zone_names, user_time_zone
 from skills import egress, rules
 from skills.models import EgressAllow, SkillRule
 

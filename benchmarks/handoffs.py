@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from benchmarks.llm_server import ScriptedLLM, agent_of, asked_of, user_text
 from benchmarks.workloads import Workload
+from tests.support.llm_server import ScriptedLLM, agent_of, asked_of, user_text
 
 HANDOFFS = ("start → first request", "dispatch → agents", "agent step", "dependency → dependent",
             "agents → orchestrator")

@@ -38,8 +38,9 @@ def prepare(conversations: int) -> tuple[list[int], str]:
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from orchestration.events import event_record
     from orchestration.models import Conversation, Turn
+    from orchestration.records.catalogue import TURN_STARTED
+    from orchestration.records.events import event_record
 
     user, _ = get_user_model().objects.get_or_create(username=USERNAME)
     ids = []
@@ -47,7 +48,7 @@ def prepare(conversations: int) -> tuple[list[int], str]:
         conversation, created = Conversation.objects.get_or_create(owner=user, title=f"Idle {i}")
         if created:
             turn = Turn.objects.create(conversation=conversation, number=1, status="completed")
-            event_record(type="turn.started", turn=turn, summary="Turn 1 started")
+            event_record(type=TURN_STARTED, turn=turn, summary="Turn 1 started")
         ids.append(conversation.pk)
     client = Client()
     client.force_login(user)

@@ -49,8 +49,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from benchmarks.llm_server import Agent, Plan, ScriptedLLM
-from benchmarks.processes import (
+from orchestration.records.catalogue import TURN_RESTS
+from tests.support.llm_server import Agent, Plan, ScriptedLLM
+from tests.support.processes import (
     STARTUP_SECONDS,
     Cluster,
     ManagedProcess,
@@ -60,7 +61,7 @@ from benchmarks.processes import (
 )
 
 SKILL = ("tasks.search", {"status": "open"})
-FINAL_TYPES = {"turn.completed", "turn.failed", "turn.paused", "turn.stopped"}
+FINAL_TYPES = set(TURN_RESTS)
 HTTP_TIMEOUT = 60.0
 USERNAME = "load-{:03d}"
 STEADY_AFTER_RAMP = 15.0  # seconds: the last users' logins are done

@@ -13,13 +13,13 @@ from django.utils import timezone
 from django_q.conf import Conf
 
 from benchmarks.listen import SocketListener
-from benchmarks.llm_server import ScriptedLLM
 from benchmarks.handoffs import handoff_seconds
 from benchmarks.load import Daphne, cpu_seconds, latency_figures, services_cpu
-from benchmarks.processes import Cluster, pss_mb
 from benchmarks.workloads import Workload, wide
 from orchestration.models import AgentDispatch, Conversation, Event, SkillExecution, Turn, TurnStatus
 from orchestration.turns import turn_start
+from tests.support.llm_server import ScriptedLLM
+from tests.support.processes import Cluster, pss_mb
 
 FINAL = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED)
 SOCKET_SETTLE_SECONDS = 20.0  # after the last turn, for the sockets to have every event

@@ -51,10 +51,10 @@ from django.test import override_settings
 from django.utils import timezone
 from django_q.conf import Conf
 
-from benchmarks.llm_server import Reply, ScriptedLLM, calls, text
 from orchestration.models import Conversation, Turn
 from orchestration.turns import turn_start
 from skills.registry import catalogue
+from tests.support.llm_server import Reply, ScriptedLLM, calls, text
 
 SEED = "find my overdue tasks, email them to bob@example.com and book a review meeting tomorrow at 2pm"
 ORCHESTRATOR, SUB_AGENT = "orchestrator", "sub-agent"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchmarks.llm_server import Agent, Plan
+from tests.support.llm_server import Agent, Plan
 
 ORCHESTRATOR_CALLS = 4
 ORCHESTRATOR_CALLS_ON_THE_PATH = 3  # get_agent_results overlaps the agents

@@ -2,7 +2,7 @@
 
 Every record here is read-only for everyone, superusers included: an audit anyone can
 edit proves nothing. Rows leave only through the code that owns them (events only through
-orchestration/retention.py: pruning, an owner deleting a conversation, a superuser deleting a user).
+orchestration/reports/retention.py: pruning, an owner deleting a conversation, a superuser deleting a user).
 Agent profiles are configuration, not audit, and stay editable.
 """
 
@@ -19,6 +19,9 @@ from django.urls import reverse
 from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join
 
+from orchestration.budgets.pricing import format_usd
+from orchestration.budgets.spending import spend_use
+from orchestration.budgets.usage import turn_spend
 from orchestration.models import (
     SkillApproval,
     AgentDispatch,
@@ -33,11 +36,8 @@ from orchestration.models import (
     TurnPause,
     UserSpend,
 )
-from orchestration.approvals import clearance_words
-from orchestration import retention
-from orchestration.pricing import format_usd
-from orchestration.spending import spend_use
-from orchestration.usage import turn_spend
+from orchestration.questions.approvals import clearance_words
+from orchestration.reports import retention
 
 
 def pretty_json(value) -> str:
@@ -505,7 +505,7 @@ class SpendAllowanceInline(StaffCanEditMixin, admin.StackedInline):
 @admin.register(UserSpend)
 class UserSpendAdmin(StaffCanEditMixin, admin.ModelAdmin):
     """Each user's model use today and this month (in their time zone) against their
-    allowance; staff set a user's own allowance here (orchestration/spending.py). The
+    allowance; staff set a user's own allowance here (orchestration/budgets/spending.py). The
     figures include the estimates of calls in flight."""
 
     list_display = ["username", "today", "this_month"]
@@ -542,7 +542,7 @@ class UserSpendAdmin(StaffCanEditMixin, admin.ModelAdmin):
 
 class UserDeletionMixin:
     """Deleting a user removes everything of theirs, the event log and their workspace
-    included (orchestration/retention.py `user_delete`): superusers only, and only
+    included (orchestration/reports/retention.py `user_delete`): superusers only, and only
     through that service, for one user or a selection."""
 
     def has_delete_permission(self, request, obj=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.checks import Error, Warning, register
 
-from orchestration.pricing import price_table_problems
+from orchestration.budgets.pricing import price_table_problems
 
 
 @register()

@@ -17,11 +17,12 @@ from graphlib import CycleError, TopologicalSorter
 from django.conf import settings
 
 from orchestration import dispatches as lifecycle
-from orchestration.events import event_record
-from orchestration.limits import Limits, LimitTripped
+from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.llm import ToolCall
 from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import AgentDispatch, AgentProfile, Turn
+from orchestration.records.catalogue import AGENT_CREATED
+from orchestration.records.events import event_record
 from orchestration.toolcalls import parse_arguments
 from orchestration.tooldefs import dispatch_agent_parameters
 from skills import registry
@@ -258,7 +259,7 @@ def dispatch_create(
     waits = f", after {', '.join(dispatch.depends_on)}" if dispatch.depends_on else ""
     by = f" (by {parent.agent_id})" if parent else ""
     event_record(
-        type="agent.subagent_created",
+        type=AGENT_CREATED,
         dispatch=dispatch,
         summary=f"{dispatch.agent_id} created{by}: {dispatch.mission[:120]}{waits}",
         payload={

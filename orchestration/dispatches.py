@@ -23,8 +23,9 @@ from django.db import transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
-from orchestration.events import event_record
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, Turn, TurnStatus
+from orchestration.records.catalogue import AGENT_CLOSED
+from orchestration.records.events import event_record
 from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagents
 from skills.provenance import merged  # noqa: F401 (the engine calls it lifecycle.merged)
 
@@ -268,7 +269,7 @@ def dispatch_merge(dispatch: AgentDispatch, *, unread: str = "") -> None:
 def _closed_event(dispatch: AgentDispatch, *, summary: str, final: str, close_reason: str, **extra) -> None:
     """`agent.subagent_closed`, the last event of every sub-agent (DESIGN.md §4)."""
     event_record(
-        type="agent.subagent_closed",
+        type=AGENT_CLOSED,
         dispatch=dispatch,
         summary=summary,
         payload={

@@ -16,7 +16,6 @@ from django.db import models
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import formats, timezone
-from django.utils.functional import cached_property
 
 from skills.models import AbstractSkillExecution
 
@@ -30,7 +29,7 @@ class Conversation(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     # Outside content (text the owner did not write) that any agent of the conversation
     # has read, and since when: the history carries it into every later turn, whose side
-    # effects therefore ask first (orchestration/approvals.py).
+    # effects therefore ask first (orchestration/questions/approvals.py).
     outside = models.JSONField(default=list, blank=True)
     outside_since = models.DateTimeField(null=True, blank=True)
 
@@ -82,7 +81,7 @@ class Turn(models.Model):
     cached_tokens = models.PositiveIntegerField(default=0)
     continuations = models.PositiveIntegerField(default=0)
     # The conversation's skill calls in its sliding window when this turn started: with
-    # this turn's own, a bound on the window that only ages down (orchestration/budget.py).
+    # this turn's own, a bound on the window that only ages down (orchestration/budgets/budget.py).
     prior_window_calls = models.PositiveIntegerField(default=0)
     # What the waiting orchestrator step is waiting for: {"tool_call_id", "agent_ids"}.
     awaiting = models.JSONField(default=dict, blank=True)
@@ -104,12 +103,12 @@ class Turn(models.Model):
     # turn runs, a reload too); the stored answer is the complete message.
     answer_draft = models.TextField(blank=True)
     # The outside content the orchestrator has read: its conversation's when the turn
-    # started (orchestration/outside.py), then its agents' reports. Every agent it
+    # started (orchestration/records/outside.py), then its agents' reports. Every agent it
     # dispatches afterwards carries it (AgentDispatch.outside).
     outside = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Retention (orchestration/retention.py): when `manage.py prune` removed the turn's
+    # Retention (orchestration/reports/retention.py): when `manage.py prune` removed the turn's
     # transcript, and what it held (counts, tokens, cost, dates). Its LLM calls stay, with
     # their tokens and cost but not their responses, so every usage figure stays right.
     pruned_at = models.DateTimeField(null=True, blank=True)
@@ -165,13 +164,6 @@ class TurnPause(models.Model):
             )
         ]
 
-    @cached_property
-    def words(self):
-        """The question in plain words (orchestration/pauses.py holds them)."""
-        from orchestration.pauses import pause_words
-
-        return pause_words(self.limit, self.detail)
-
     def __str__(self) -> str:
         return f"{self.limit} on {self.turn}"
 
@@ -212,13 +204,6 @@ class SkillApproval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.skill} ({self.get_decision_display()})"
-
-    @cached_property
-    def rule_offer(self) -> str:
-        """The "always allow" the prompt offers, in words ("" when none is)."""
-        from orchestration.approvals import rule_offered
-
-        return rule_offered(self)
 
 
 class Message(models.Model):
@@ -360,7 +345,7 @@ class AgentDispatch(models.Model):
     # A delegating agent `waiting` until its own agents finish (no worker held):
     # {"tool_call_id", "agent_ids"} of the get_agent_results call it is waiting on.
     awaiting = models.JSONField(default=dict, blank=True)
-    # Outside content (orchestration/approvals.py): while it runs, what reached it from
+    # Outside content (orchestration/questions/approvals.py): while it runs, what reached it from
     # outside its run (the orchestrator's or parent's reading when it was dispatched); once
     # it has finished, everything that reached it (its results, dependencies' and
     # children's reports too), which marks its report as data for whoever reads it.
@@ -446,7 +431,7 @@ class AppendOnlyError(Exception):
     """Events are facts: they are never changed, and removed only with what they describe."""
 
 
-# Set only by orchestration/retention.py around its deletions (prune, an owner deleting a
+# Set only by orchestration/reports/retention.py around its deletions (prune, an owner deleting a
 # conversation, a superuser deleting a user): anywhere else an event cannot be removed,
 # and neither can the conversation, turn or dispatch it names.
 _retention_deleting: ContextVar[bool] = ContextVar("retention_deleting", default=False)
@@ -493,7 +478,7 @@ class EventQuerySet(models.QuerySet):
 
 class Event(models.Model):
     """One fact of the timeline (DESIGN.md §4). Rows are inserted, never changed; they
-    leave only through orchestration/retention.py."""
+    leave only through orchestration/reports/retention.py."""
 
     conversation = models.ForeignKey(
         Conversation, on_delete=protect_unless_retention, related_name="events"
@@ -557,7 +542,7 @@ class SpendAllowance(models.Model):
 
 class SpendCounter(models.Model):
     """What a user's model calls used in one day or month of the time zone it started in,
-    reservations of calls in flight included (orchestration/spending.py). A new period is
+    reservations of calls in flight included (orchestration/budgets/spending.py). A new period is
     a new row, so nothing has to be reset at midnight and past periods stay as history;
     `starts_on` labels it (its first local day, kept unique per user and kind)."""
 

@@ -23,8 +23,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from orchestration import dispatches as lifecycle
-from orchestration.events import event_record
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
+from orchestration.records.catalogue import AGENT_FAILED
+from orchestration.records.events import event_record
 from orchestration.turns import turn_fail
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def _dispatch_crashed(dispatch: AgentDispatch) -> bool:
         where={"lease_token": dispatch.lease_token}, outcome=DispatchOutcome.FAILED, error=error, crashes=crashes,
         result=error, finished_at=timezone.now(), lease_token="", lease_expires_at=None,
     ):
-        event_record(type="agent.subagent_failed", dispatch=dispatch, summary=f"{dispatch.agent_id} failed: dead-lettered",
+        event_record(type=AGENT_FAILED, dispatch=dispatch, summary=f"{dispatch.agent_id} failed: dead-lettered",
                      payload={"sub_agent_id": dispatch.agent_id, "outcome": "failed", "error": error})
         lifecycle.dispatch_usage_settle(dispatch)
         lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch=dispatch)

@@ -6,18 +6,19 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from assistant.preferences import user_time_zone
 from orchestration import dispatches as lifecycle
-from orchestration.budget import calls_in_window
-from orchestration.events import event_record, group_notify
-from orchestration.history import message_append
+from orchestration.budgets.budget import calls_in_window
+from orchestration.budgets.limits import Limits
 from orchestration.leases import lease_until
-from orchestration.limits import Limits
 from orchestration.models import (
     ACTIVE_TURN_STATUSES, Conversation, DispatchOutcome, Message, SkillExecution, Turn, TurnPause, TurnStatus,
 )
-from orchestration.outside import conversation_outside_fold
+from orchestration.records.catalogue import TURN_COMPLETED, TURN_FAILED, TURN_STARTED, TURN_STOPPED
+from orchestration.records.events import event_record, group_notify
+from orchestration.records.history import message_append
+from orchestration.records.outside import conversation_outside_fold
 from orchestration.tasks import enqueue_orchestrator_step
+from orchestration.zones import user_time_zone
 from skills.models import ExecutionStatus
 from skills.registry import UnknownSkill, get_skill
 from skills.validation import unstorable_text
@@ -35,7 +36,7 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
 
     The turn keeps the owner's time zone as it is now: its skills read "tomorrow at 2pm"
     and its prompts give the local time in that zone, even if the owner changes it later.
-    It starts with the outside content its conversation carries (orchestration/outside.py):
+    It starts with the outside content its conversation carries (orchestration/records/outside.py):
     the history holds it."""
     text = (text or "").strip()
     if not text:
@@ -65,7 +66,7 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
             if not conversation.title:
                 conversation.title = conversation_title(text)
             conversation.save(update_fields=["title", "updated_at"])
-            event_record(type="turn.started", turn=turn, summary=f"Turn {number} started", payload={"message": text[:2000]})
+            event_record(type=TURN_STARTED, turn=turn, summary=f"Turn {number} started", payload={"message": text[:2000]})
             enqueue_orchestrator_step(turn.pk)
     except IntegrityError:  # the partial unique index caught a concurrent start
         raise TurnRefused(_BUSY) from None
@@ -132,7 +133,7 @@ def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
     if effects := side_effects_note(turn):
         message_append(turn=turn, role=Message.Role.NOTICE, content=effects)
     event_record(
-        type="turn.completed", turn=turn, summary=f"Turn {turn.number} answered",
+        type=TURN_COMPLETED, turn=turn, summary=f"Turn {turn.number} answered",
         payload={"answer_message_id": answer.pk, "llm_iterations": turn.llm_iterations,
                  "skill_calls": turn.skill_calls, "agents": turn.agents_dispatched,
                  "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens},
@@ -200,7 +201,7 @@ def turn_fail(*, turn_id: int, error: str, token: str | None = None) -> None:
     effects = side_effects_note(turn)
     message_append(turn=turn, role=Message.Role.NOTICE,
                    content=f"Sorry — this turn failed. {error}" + (f"\n\n{effects}" if effects else ""))
-    event_record(type="turn.failed", turn=turn, summary=f"Turn {turn.number} failed: {error[:200]}", payload={"error": error})
+    event_record(type=TURN_FAILED, turn=turn, summary=f"Turn {turn.number} failed: {error[:200]}", payload={"error": error})
 
 
 @transaction.atomic
@@ -220,7 +221,7 @@ def turn_stop(*, turn: Turn, user) -> Turn:
     if effects := side_effects_note(turn):
         summary += f"\n\n{effects}"
     message_append(turn=turn, role=Message.Role.NOTICE, content=summary)
-    event_record(type="turn.stopped", turn=turn, summary=f"Turn {turn.number} stopped by {user.get_username()}",
+    event_record(type=TURN_STOPPED, turn=turn, summary=f"Turn {turn.number} stopped by {user.get_username()}",
                  payload={"stopped_by": user.get_username(), "summary": summary})
     return turn
 

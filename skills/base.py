@@ -52,7 +52,7 @@ class Skill:
     # What in a result is outside content — text the user did not write (a file's
     # contents, an email body, a memory an agent saved): `outside(arguments, result)`
     # names each piece ("file notes/plan.txt"). The engine fences results that have any
-    # as data and asks before side effects they reach (orchestration/approvals.py).
+    # as data and asks before side effects they reach (orchestration/questions/approvals.py).
     outside: Callable[[dict, dict], list[str]] | None = None
     # The side effect of a completed call in a line for the owner ("sent “Hi” to
     # bob@example.com"), listed under the turn's answer; None: the skill and arguments.

@@ -3,7 +3,7 @@
 An address is familiar when it is at the owner's own domain (webmail domains are
 nobody's own), a contact (the owner's email went there before) or on their allow list
 (EgressAllow: an address or a domain). A message to an unfamiliar address asks the owner
-first, whatever the skill's policy (orchestration/approvals.py). The daily caps refuse
+first, whatever the skill's policy (orchestration/questions/approvals.py). The daily caps refuse
 a send outright, counted in the sending transaction with the owner's row locked, so two
 workers cannot both take the last one.
 

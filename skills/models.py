@@ -60,7 +60,7 @@ class AbstractSkillExecution(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     # A side effect's clearance: by whose word it ran ({"by": "policy" | "rule" | "owner",
-    # ...}) and the outside content that had reached the caller (orchestration/approvals.py).
+    # ...}) and the outside content that had reached the caller (orchestration/questions/approvals.py).
     clearance = models.JSONField(default=dict, blank=True)
     # The outside content in its result (Skill.outside), as the engine tracked it.
     outside = models.JSONField(default=list, blank=True)

@@ -5,7 +5,7 @@ before anything, then a rule scoped to the call's recipients' domain, then one f
 whole skill, the newest first, expired and revoked rules never — and the settings'
 default for the skill after them (settings.ASSISTANT_SKILL_POLICIES; a skill that sends
 asks, any other allows). The engine asks the owner for more than this (new recipients,
-outside content): orchestration/approvals.py.
+outside content): orchestration/questions/approvals.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 and listed beside each skill's default. skills/policy.py reads them for every call.
 
 A rule is never deleted, only revoked: a call it allowed keeps its id in the clearance
-(orchestration/approvals.py), and the audit must still be able to say what it was.
+(orchestration/questions/approvals.py), and the audit must still be able to say what it was.
 """
 
 from __future__ import annotations

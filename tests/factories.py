@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from django.utils import timezone
 
+from orchestration.budgets.spending import spend_periods_start
 from orchestration.models import AgentDispatch, Conversation, SpendCounter, Turn
-from orchestration.spending import spend_periods_start
 
 
 def conversation_for(user, *, title: str = "Test conversation") -> Conversation:

@@ -7,9 +7,9 @@ import pytest
 from django.urls import reverse
 
 from assistant.preferences import preferences_time_zone_set
+from orchestration.budgets.spending import caps_for, spend_reserve, spend_settle
 from orchestration.llm.base import Usage
 from orchestration.models import SpendAllowance
-from orchestration.spending import caps_for, spend_reserve, spend_settle
 from tests.factories import spent
 
 pytestmark = pytest.mark.django_db

@@ -19,8 +19,8 @@ from django.db import transaction
 
 from assistant import live, watch
 from assistant.consumers import FORBIDDEN
-from orchestration.events import event_record
 from orchestration.models import Event
+from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
 from tests.sockets import EVENT_ID, communicator
 
@@ -164,7 +164,7 @@ async def test_the_socket_pushes_the_answer_as_it_streams_and_stops_when_the_tur
 
     def complete():
         from orchestration.turns import turn_complete
-        from orchestration.history import message_append
+        from orchestration.records.history import message_append
 
         answer = message_append(turn=turn, role="assistant", content="Bob has the list.")
         turn_complete(turn_id=turn.pk, token="worker", answer=answer)

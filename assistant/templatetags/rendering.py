@@ -3,10 +3,11 @@ from django.utils.safestring import mark_safe
 
 from assistant.payloads import render_payload
 from assistant.rendering import render_markdown
-from orchestration.approvals import clearance_words
-from orchestration.output import output_limit, text_bounded
-from orchestration.selectors import state_words
-from orchestration.usage import Spend
+from orchestration.budgets.usage import Spend
+from orchestration.questions.approvals import clearance_words, rule_offered
+from orchestration.questions.pauses import PauseWords, pause_words_of
+from orchestration.records.output import output_limit, text_bounded
+from orchestration.reports.selectors import state_words
 
 register = template.Library()
 
@@ -67,3 +68,16 @@ def cleared_by(clearance) -> str:
     """By whose word a side effect ran ("the owner's word: alice at …", "your rule: …");
     the outside content that had reached it is left to its own, marked line."""
     return clearance_words(clearance or {}, with_outside=False)
+
+
+@register.filter
+def question(pause) -> PauseWords:
+    """A paused turn's question in plain words: what it reached, what is done, what
+    Continue grants (orchestration/questions/pauses.py holds them)."""
+    return pause_words_of(pause)
+
+
+@register.filter
+def rule_offer(approval) -> str:
+    """The "always allow" rule an approval prompt offers, in words ("" when none is)."""
+    return rule_offered(approval)

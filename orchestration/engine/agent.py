@@ -24,10 +24,21 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from orchestration import approvals
 from orchestration import dispatches as lifecycle
 from orchestration import runner
-from orchestration.budget import reserve_skill_call
+from orchestration.budgets.budget import reserve_skill_call
+from orchestration.budgets.limits import Limits
+from orchestration.budgets.pricing import call_cost
+from orchestration.budgets.spending import (
+    Caps,
+    Reservation,
+    agent_call_release,
+    agent_call_reserve,
+    caps_for,
+    spend_release,
+    spend_reserve,
+    spend_settle,
+)
 from orchestration.delegation import (
     can_delegate,
     dispatch_create,
@@ -39,17 +50,21 @@ from orchestration.delegation import (
 from orchestration.engine import steps
 from orchestration.engine.steps import Next
 from orchestration.engine.toolids import unique_ids
-from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED, event_record
 from orchestration.leases import LeaseLost, lease_until, new_token
-from orchestration.limits import Limits
 from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
-from orchestration.pauses import turn_pause
-from orchestration.pricing import call_cost
 from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
-from orchestration.spending import (
-    Caps, Reservation, agent_call_release, agent_call_reserve, caps_for, spend_release, spend_reserve, spend_settle,
+from orchestration.questions import approvals
+from orchestration.questions.pauses import turn_pause
+from orchestration.records.catalogue import (
+    AGENT_ATTEMPT,
+    AGENT_FAILED,
+    AGENT_LLM_CALL,
+    AGENT_STARTED,
+    AGENT_WAITING_FOR_MERGE,
+    SKILL_FINISHED,
 )
+from orchestration.records.events import event_record
 from orchestration.toolcalls import error_json, load_json, parse_arguments
 from orchestration.tooldefs import DISPATCH_AGENT, GET_AGENT_RESULTS, delegation_tools, get_agent_results_parameters
 from skills.executor import SkillOutcome, execute_skill
@@ -82,7 +97,7 @@ class Agent:
     messages: list[dict] = field(default_factory=list)
     stored: dict[str, dict] = field(default_factory=dict)
     usage: Usage = Usage()  # of every answer so far, stored ones included
-    reservation: Reservation | None = None  # of the model call being made (orchestration/spending.py)
+    reservation: Reservation | None = None  # of the model call being made (orchestration/budgets/spending.py)
     caps: Caps | None = None  # the owner's allowance, as this delivery read it
     counted: bool = False  # this step's call is counted against the turn's cap
     llm_calls: int = 0
@@ -120,11 +135,11 @@ class Agent:
             return None
         dispatch.state, dispatch.lease_token, dispatch.awaiting = DispatchState.RUNNING, token, {}
         if first_start:
-            event_record(type="agent.subagent_started", dispatch=dispatch, summary=f"{dispatch.agent_id} started",
+            event_record(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
                          payload={"sub_agent_id": dispatch.agent_id})
         else:
             reason = "its agents finished" if awaited else "resumed"
-            event_record(type="agent.subagent_attempt", dispatch=dispatch,
+            event_record(type=AGENT_ATTEMPT, dispatch=dispatch,
                          summary=f"{dispatch.agent_id} resumed ({reason})",
                          payload={"sub_agent_id": dispatch.agent_id, "reason": reason, "crashes": dispatch.crashes,
                                   "awaited": (awaited or {}).get("agent_ids", [])})
@@ -234,7 +249,7 @@ class Agent:
         dispatch = self.dispatch
         dispatch.retries = retry
         event_record(
-            type="agent.subagent_attempt", dispatch=dispatch,
+            type=AGENT_ATTEMPT, dispatch=dispatch,
             summary=f"{dispatch.agent_id} retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
             payload={"sub_agent_id": dispatch.agent_id, "retry": retry, "step": step, "reason": str(exc),
                      "backoff_seconds": delay},
@@ -542,12 +557,12 @@ def _finish(dispatch: AgentDispatch, token: str, *, outcome: str, result: str, e
         return
     tool_calls = progress.get("tool_calls_used", dispatch.tool_calls_used)
     if ok:
-        event_record(type="agent.subagent_waiting_for_merge", dispatch=dispatch,
+        event_record(type=AGENT_WAITING_FOR_MERGE, dispatch=dispatch,
                      summary=f"{dispatch.agent_id} finished ({outcome}, {tool_calls} tool calls)",
                      payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome,
                               "result": result[:4000], "tool_calls_used": tool_calls, "duration_ms": duration_ms})
     else:
-        event_record(type="agent.subagent_failed", dispatch=dispatch,
+        event_record(type=AGENT_FAILED, dispatch=dispatch,
                      summary=f"{dispatch.agent_id} failed: {error[:150]}",
                      payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome, "error": error,
                               "duration_ms": duration_ms})

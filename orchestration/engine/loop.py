@@ -28,11 +28,11 @@ from itertools import count
 from typing import Protocol
 
 from orchestration import runner
+from orchestration.budgets.limits import LimitTripped
 from orchestration.dbretry import Retrying, is_transient
 from orchestration.engine import steps
 from orchestration.engine.steps import Kind, Next
 from orchestration.leases import LeaseLost
-from orchestration.limits import LimitTripped
 from orchestration.llm import LLMError, LLMResponse
 from orchestration.retries import complete_retrying
 

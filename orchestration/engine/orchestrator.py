@@ -19,22 +19,23 @@ from django.db.models import F
 
 from orchestration import dispatches as lifecycle
 from orchestration import runner
+from orchestration.budgets.limits import Limits, LimitTripped
+from orchestration.budgets.pricing import call_cost
+from orchestration.budgets.spending import Reservation, spend_release, spend_reserve, spend_settle
 from orchestration.delegation import dispatch_create, dispatch_result_json, plan_batch, profiles_by_name, reserve_agents
 from orchestration.engine import steps
 from orchestration.engine.steps import Next
 from orchestration.engine.toolids import unique_ids
-from orchestration.events import event_record
-from orchestration.history import llm_messages, message_append, messages_append, pending_tool_calls
 from orchestration.leases import LeaseLost, lease_until, new_token
-from orchestration.limits import Limits, LimitTripped
 from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
 from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
-from orchestration.output import output_limit, text_bounded
-from orchestration.pauses import turn_pause
-from orchestration.pricing import call_cost
 from orchestration.prompts import orchestrator_system_prompt, user_local_time
-from orchestration.spending import Reservation, spend_release, spend_reserve, spend_settle
+from orchestration.questions.pauses import turn_pause
+from orchestration.records.catalogue import ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
+from orchestration.records.events import event_record
+from orchestration.records.history import llm_messages, message_append, messages_append, pending_tool_calls
+from orchestration.records.output import output_limit, text_bounded
 from orchestration.toolcalls import error_json, parse_arguments
 from orchestration.tooldefs import (
     DISPATCH_AGENT,
@@ -139,7 +140,7 @@ class Orchestrator:
             return steps.STOP
         self.turn.llm_retries = retry
         event_record(
-            type="orchestrator.llm_retry", turn=self.turn,
+            type=ORCHESTRATOR_LLM_RETRY, turn=self.turn,
             summary=f"Orchestrator call {step + 1}: retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
             payload={"iteration": step + 1, "retry": retry, "reason": str(exc), "backoff_seconds": delay},
         )
@@ -183,7 +184,7 @@ class Orchestrator:
         if problem := _response_problem(response, calls):
             message_append(turn=turn, role=Message.Role.NOTE, content=problem)
         event_record(
-            type="orchestrator.llm_call", turn=turn, summary=_llm_summary(iteration, response, calls),
+            type=ORCHESTRATOR_LLM_CALL, turn=turn, summary=_llm_summary(iteration, response, calls),
             payload={"iteration": iteration, "model": model, "duration_ms": duration_ms,
                      "finish_reason": response.finish_reason, "usage": usage,
                      "tool_calls": [{"name": c.name, "arguments": c.arguments[:2000]} for c in calls],

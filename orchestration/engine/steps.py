@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from orchestration.limits import LimitTripped
+from orchestration.budgets.limits import LimitTripped
 
 
 class Kind(enum.Enum):

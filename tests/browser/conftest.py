@@ -382,7 +382,7 @@ def record_events(turn, count: int, *, spacing: tuple[float, float] = (0.0, 0.0)
     """
     from django.db import connection, transaction
 
-    from orchestration.events import event_record
+    from orchestration.records.events import event_record
 
     committed: dict[int, float] = {}
 

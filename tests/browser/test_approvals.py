@@ -15,12 +15,12 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect
 
-from benchmarks.llm_server import COURIER, Agent, Obedient, Plan
 from orchestration.models import SkillApproval, SkillExecution
 from skills.domains.email.models import OutboxEmail
 from skills.models import EgressAllow, SkillRule
 from tests.browser.conftest import assert_timeline_complete, wait_turn
 from tests.conftest import APPROVALS_ON_ENV
+from tests.support.llm_server import COURIER, Agent, Obedient, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("approvals_on")]
 

@@ -20,9 +20,9 @@ from django.test import Client
 from playwright.sync_api import expect
 
 from assistant import rendering
-from benchmarks.llm_server import text, user_text
 from orchestration.models import Event, LLMCall, Message
 from tests.browser.conftest import wait_turn
+from tests.support.llm_server import text, user_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

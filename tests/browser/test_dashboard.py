@@ -18,7 +18,7 @@ from orchestration.models import AgentDispatch, Conversation, TurnPause, TurnSta
 from skills.domains.tasks.models import Task
 from tests.browser.conftest import assert_timeline_complete, record_events, wait_turn
 from tests.factories import turn_for
-from benchmarks.llm_server import Agent, Plan
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

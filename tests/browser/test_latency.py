@@ -26,7 +26,7 @@ from django.db import connection
 from orchestration.models import Event, TurnStatus
 from tests.browser.conftest import ARTIFACTS, assert_timeline_complete, record_events, wait_turn
 from tests.factories import turn_for
-from benchmarks.llm_server import Agent, Plan
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -23,11 +23,11 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.llm_server import Agent, Plan
 from orchestration.models import Conversation, Turn, TurnStatus
 from tests.browser.conftest import wait_turn
 from tests.conftest import PASSWORD
 from tests.factories import conversation_for
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from orchestration.events import event_record
 from orchestration.models import Conversation, Event
+from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from orchestration.events import event_record
+from orchestration.records.events import event_record
 from tests.browser.conftest import assert_timeline_complete, wait_turn
 from tests.factories import conversation_for, turn_for
-from benchmarks.llm_server import Agent, Plan
-from benchmarks.processes import production_env
+from tests.support.llm_server import Agent, Plan
+from tests.support.processes import production_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

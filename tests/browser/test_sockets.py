@@ -17,8 +17,8 @@ from playwright.sync_api import expect
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from orchestration.events import event_record
 from orchestration.models import Event
+from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.llm_server import Agent, Plan
 from orchestration.models import SpendAllowance, TurnPause
 from tests.browser.conftest import wait_turn
 from tests.factories import spent
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -8,8 +8,8 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.llm_server import Agent, Plan
 from tests.browser.conftest import wait_turn
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

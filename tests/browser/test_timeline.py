@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from benchmarks.llm_server import Agent, Plan
 from orchestration.models import Conversation, TurnStatus
 from tests.browser.conftest import assert_timeline_complete, record_events, wait_turn
 from tests.browser.test_dashboard import slowed
 from tests.factories import turn_for
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

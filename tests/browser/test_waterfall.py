@@ -13,10 +13,10 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect
 
-from benchmarks.llm_server import Agent, Plan, agent_of
 from orchestration.models import Event
-from orchestration.waterfall import turn_waterfall
+from orchestration.reports.waterfall import turn_waterfall
 from tests.browser.conftest import wait_turn
+from tests.support.llm_server import Agent, Plan, agent_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -22,9 +22,9 @@ import pytest
 from django_q.conf import Conf
 from django_q.models import Schedule
 
-from benchmarks import processes
-from benchmarks.llm_server import ScriptedLLM
-from benchmarks.processes import STARTUP_SECONDS, database_url  # noqa: F401 - re-exported
+from tests.support import processes
+from tests.support.llm_server import ScriptedLLM
+from tests.support.processes import STARTUP_SECONDS, database_url  # noqa: F401 - re-exported
 
 LEASE_SECONDS = 5
 

@@ -14,9 +14,8 @@ import signal
 
 import pytest
 
-from benchmarks.llm_server import Agent, Plan
-from orchestration.approvals import approval_answer
 from orchestration.models import AgentDispatch, SkillApproval, SkillExecution
+from orchestration.questions.approvals import approval_answer
 from orchestration.turns import turn_start
 from skills.domains.email.models import OutboxEmail
 from tests.conftest import APPROVALS_ON_ENV
@@ -24,6 +23,7 @@ from tests.factories import conversation_for
 from tests.live.conftest import wait_for
 from tests.live.test_faults import assert_settled, mail_env, wait_turn_reaping
 from tests.live.test_qcluster import EMAIL, turn_done
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("approvals_on")]
 

@@ -8,9 +8,9 @@ import io
 import pytest
 from django.core.management import call_command
 
-from benchmarks.llm_server import Agent, Plan
 from tests.live.test_faults import assert_settled
 from tests.live.test_qcluster import SEARCH
+from tests.support.llm_server import Agent, Plan
 
 ANSWER = " ".join(f"Line {i} of the answer." for i in range(40))
 

@@ -1,4 +1,4 @@
-"""`manage.py bench` (`make bench`) kept working: one short workload against daphne and a
+"""`python -m benchmarks bench` (`make bench`) kept working: one short workload against daphne and a
 qcluster on the test database. No figure is asserted (the machine is shared), only what
 must hold: every LLM request expected and no other, every event on the dashboard's
 socket, and SQL queries per sub-agent step that do not grow with the number of agents.
@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.core.management import call_command
+
+from benchmarks.__main__ import main as bench_main
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_bench_measures_a_workload(tmp_path, capsys):
     output = tmp_path / "bench.json"
-    call_command("bench", "--workloads", "diamond", "--latency", "300", "--repeat", "1", "--workers", "4",
-                 "--force", "--output", str(output))
+    assert bench_main(["bench", "--workloads", "diamond", "--latency", "300", "--repeat", "1", "--workers", "4",
+                       "--force", "--output", str(output)]) == 0
 
     report = json.loads(output.read_text())
     (result,) = report["results"]

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from benchmarks.llm_server import Agent, Plan, calls, text, with_burst
 from orchestration.models import AgentDispatch, LLMCall, SkillExecution
 from orchestration.reaper import reap_expired
 from orchestration.turns import turn_start
@@ -28,6 +27,7 @@ from tests.factories import conversation_for
 from tests.live.conftest import wait_for
 from tests.live.test_faults import assert_settled, mail_env, wait_turn_reaping
 from tests.live.test_qcluster import EMAIL, SEARCH, is_agent, tool_results_in
+from tests.support.llm_server import Agent, Plan, calls, text, with_burst
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

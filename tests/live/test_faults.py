@@ -28,7 +28,6 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
-from benchmarks.llm_server import Agent, Plan, Reply, http_error
 from orchestration.models import AgentDispatch, DispatchState, Event, Message, SkillExecution, Turn
 from orchestration.reaper import reap_expired
 from orchestration.turns import turn_start
@@ -37,6 +36,7 @@ from tests.checks import assert_ended_turns_closed
 from tests.factories import conversation_for
 from tests.live.conftest import LEASE_SECONDS, wait_for
 from tests.live.test_qcluster import EMAIL, SEARCH, is_agent, turn_done
+from tests.support.llm_server import Agent, Plan, Reply, http_error
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

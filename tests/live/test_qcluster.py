@@ -16,13 +16,13 @@ import pytest
 from django.utils import timezone
 from django_q.models import OrmQ
 
-from benchmarks.llm_server import Agent, Plan, agent_of
 from orchestration.models import AgentDispatch, Event, SkillExecution, Turn, TurnPause
 from orchestration.reaper import reap_expired
 from orchestration.turns import turn_start
 from skills.domains.email.models import OutboxEmail
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
+from tests.support.llm_server import Agent, Plan, agent_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -13,14 +13,14 @@ import time
 
 import pytest
 
-from benchmarks.llm_server import Agent, Plan
 from orchestration.models import Turn
-from orchestration.retention import user_delete
+from orchestration.reports.retention import user_delete
 from orchestration.turns import turn_start
 from tests.checks import references
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
 from tests.orchestration.test_user_delete import user_rows
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -16,13 +16,13 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from benchmarks.llm_server import Agent, Plan, Reply
 from orchestration.models import AgentDispatch, LLMCall, SkillExecution
 from orchestration.turns import turn_start
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
 from tests.live.test_faults import assert_settled, wait_turn_reaping
 from tests.live.test_qcluster import SEARCH, turn_done
+from tests.support.llm_server import Agent, Plan, Reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from benchmarks.llm_server import Agent, Plan
 from orchestration.models import SkillExecution
 from orchestration.turns import turn_start
 from skills.models import CalendarEvent, SkillCircuit
 from tests.factories import conversation_for
 from tests.live.test_qcluster import wait_turn
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

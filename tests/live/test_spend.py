@@ -1,7 +1,7 @@
 """Spend caps on a real qcluster: parallel agents on two worker processes race for the
 last of a small token allowance, and none overshoots it (issue 18).
 
-Every model call reserves its estimate before it is made (orchestration/spending.py);
+Every model call reserves its estimate before it is made (orchestration/budgets/spending.py);
 the scripted model reports less than each estimate, so the allowance's row can never
 pass the cap unless two reservations both took the same room."""
 
@@ -14,12 +14,12 @@ import pytest
 from django.db.models import Sum
 from django_q.models import OrmQ
 
-from benchmarks.llm_server import Agent, Plan
 from orchestration.models import AgentDispatch, LLMCall, SpendAllowance, SpendCounter, Turn, TurnPause
-from orchestration.pauses import turn_continue
+from orchestration.questions.pauses import turn_continue
 from orchestration.turns import turn_start
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -9,9 +9,9 @@ from django_q.conf import Conf
 
 from orchestration.models import Turn
 from orchestration.turns import turn_start
-from benchmarks.llm_server import ScriptedLLM
 from tests.checks import assert_ended_turns_closed
 from tests.factories import conversation_for
+from tests.support.llm_server import ScriptedLLM
 
 
 @pytest.fixture

@@ -15,15 +15,15 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from benchmarks.llm_server import COURIER, Agent, Obedient, Plan
-from orchestration.approvals import StaleAnswer, approval_answer, call_digest
 from orchestration.models import AgentDispatch, Event, Message, SkillApproval, SkillExecution, TurnPause
-from orchestration.pauses import AlreadyAnswered, turn_continue
+from orchestration.questions.approvals import StaleAnswer, approval_answer, call_digest, rule_offered
+from orchestration.questions.pauses import AlreadyAnswered, turn_continue
 from orchestration.turns import TurnRefused
 from skills.domains.email.models import OutboxEmail
 from skills.domains.files.workspace import workspace_root
 from skills.domains.memory.models import Memory
 from skills.models import EgressAllow, Policy, SkillRule
+from tests.support.llm_server import COURIER, Agent, Obedient, Plan
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("approvals_on")]
 
@@ -274,7 +274,7 @@ def test_the_first_message_to_a_new_address_asks_then_it_is_a_contact(llm, run_t
 def test_always_allow_makes_a_rule_for_the_domain_that_expires(llm, run_turn, alice):
     llm.respond = Plan([Agent("mailer", ["email.send"], [send()])])
     turn = run_turn()
-    assert pending(turn).rule_offer == "Always allow email.send to addresses at example.com for 30 days"
+    assert rule_offered(pending(turn)) == "Always allow email.send to addresses at example.com for 30 days"
     answer(turn, alice, approve=True, always=True)
     rule = SkillRule.objects.get(owner=alice)
     assert (rule.policy, rule.recipient_domain) == ("allow", "example.com")

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.llm_server import Reply, agent_of, calls, http_error, text
 from orchestration.models import AgentDispatch
+from tests.support.llm_server import Reply, agent_of, calls, http_error, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

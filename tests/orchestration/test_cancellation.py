@@ -9,7 +9,7 @@ from django.db import connection
 from orchestration.models import AgentDispatch, Event, LLMCall, SkillExecution
 from orchestration.turns import turn_stop
 from skills.domains.tasks.models import Task
-from benchmarks.llm_server import Agent, Plan, agent_of
+from tests.support.llm_server import Agent, Plan, agent_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.llm_server import Agent, Plan
-from orchestration.limits import Limits
+from orchestration.budgets.limits import Limits
 from orchestration.models import AgentDispatch, TurnPause
 from skills import registry
 from skills.base import Domain, Skill
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,10 +16,10 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from benchmarks.llm_server import Reply, agent_of, calls, text
+from orchestration.budgets.usage import conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, AgentProfile, LLMCall
 from orchestration.turns import turn_start
-from orchestration.usage import conversation_spend, turn_spend
+from tests.support.llm_server import Reply, agent_of, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,15 +18,15 @@ from django.core import mail
 from django.urls import reverse
 from django.utils import timezone
 
-from benchmarks.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text, with_burst
 from orchestration.models import AgentDispatch, Event, LLMCall, SkillExecution, TurnPause
-from orchestration.pauses import turn_continue
+from orchestration.questions.pauses import turn_continue
 from orchestration.turns import turn_start, turn_stop
 from skills import registry
 from skills.base import Domain, Skill
 from skills.executor import execute_skill
 from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
+from tests.support.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text, with_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,7 @@ from django.core import mail
 
 from orchestration.models import AgentDispatch, Event, LLMCall, Message, SkillExecution
 from skills.domains.tasks.models import Task
-from benchmarks.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text
+from tests.support.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

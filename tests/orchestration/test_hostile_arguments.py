@@ -16,9 +16,9 @@ import pytest
 from django.conf import settings
 from django.core import mail
 
-from benchmarks.llm_server import Agent, Plan, Reply
 from orchestration.models import AgentDispatch, SkillExecution
 from skills.domains.email.models import OutboxEmail
+from tests.support.llm_server import Agent, Plan, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -36,10 +36,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from orchestration import dispatches as lifecycle
-from orchestration.budget import reserve_skill_call
-from orchestration.events import event_record
+from orchestration.budgets.budget import reserve_skill_call
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Event, SkillExecution, TurnStatus
 from orchestration.reaper import reap_expired
+from orchestration.records.events import event_record
 from orchestration.subagent import Finish, _claim, _finish, _release
 from skills.domains.tasks.models import Task
 from skills.executor import execute_skill

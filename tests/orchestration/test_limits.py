@@ -8,11 +8,11 @@ import pytest
 from django.urls import reverse
 
 from orchestration.models import AgentDispatch, Event, SkillExecution, TurnPause
-from orchestration.pauses import AlreadyAnswered, pause_question, turn_continue
+from orchestration.questions.pauses import AlreadyAnswered, pause_question, pause_words_of, turn_continue
 from orchestration.turns import TurnRefused, turn_start, turn_stop
 from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
-from benchmarks.llm_server import Agent, Plan, calls, text
+from tests.support.llm_server import Agent, Plan, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,7 +57,7 @@ class TestTurnSkillCallLimit:
         assert answer(paused) == "Turn 1 paused. This turn has made 2 tool calls, the most one turn may make."
 
     def test_the_question_reads_in_words(self, paused):
-        words = TurnPause.objects.get(turn=paused).words
+        words = pause_words_of(TurnPause.objects.get(turn=paused))
         assert words.label == "tool calls per turn"
         assert words.done == [] and words.waiting == ["maker"]
         assert words.grant == "Continue allows 2 more tool calls for this turn."  # one default's worth
@@ -126,9 +126,9 @@ def test_turn_agent_limit_pauses_before_dispatch_and_resumes(llm, run_turn, limi
     assert pause.limit == "turn_max_agents"
     assert not AgentDispatch.objects.exists()  # the whole batch waits for the answer
     # No "3 more were asked for" beside "not started: none": the waiting agents by name.
-    assert pause.words.reached == "This turn may start 2 agents in all: it has started no agents and asked for another 3 agents."
-    assert pause.words.waiting == ["a0", "a1", "a2"]
-    assert pause.words.grant == "Continue allows 3 more agents for this turn."  # what was asked, above the default
+    assert pause_words_of(pause).reached == "This turn may start 2 agents in all: it has started no agents and asked for another 3 agents."
+    assert pause_words_of(pause).waiting == ["a0", "a1", "a2"]
+    assert pause_words_of(pause).grant == "Continue allows 3 more agents for this turn."  # what was asked, above the default
     turn_continue(turn=turn, user=alice)
     turn.refresh_from_db()
     assert turn.status == "completed"
@@ -142,8 +142,8 @@ def test_llm_iteration_limit_pauses_and_resumes(llm, run_turn, limits, alice):
     assert turn.status == "paused"
     pause = TurnPause.objects.get(turn=turn)
     assert pause.limit == "turn_max_llm_iterations"
-    assert pause.words.reached.startswith("The assistant has taken 2 planning steps on this turn without reaching an answer")
-    assert pause.words.grant == "Continue allows 2 more planning steps for this turn."
+    assert pause_words_of(pause).reached.startswith("The assistant has taken 2 planning steps on this turn without reaching an answer")
+    assert pause_words_of(pause).grant == "Continue allows 2 more planning steps for this turn."
     turn_continue(turn=turn, user=alice)
     turn.refresh_from_db()
     assert turn.status == "completed" and turn.llm_iterations == 4
@@ -163,8 +163,8 @@ def test_conversation_window_trips_across_turns(llm, limits, transactional_db, i
     pause = TurnPause.objects.get(turn=second)
     assert pause.limit == "conversation_max_skill_calls"
     assert pause.detail["resumes_at"]
-    assert pause.words.reached.startswith("This conversation has made 2 tool calls in the last ")
-    assert pause.words.frees_at and "window frees up" in pause_question(pause.limit, pause.detail)
+    assert pause_words_of(pause).reached.startswith("This conversation has made 2 tool calls in the last ")
+    assert pause_words_of(pause).frees_at and "window frees up" in pause_question(pause.limit, pause.detail)
     turn_continue(turn=second, user=alice)
     second.refresh_from_db()
     assert second.status == "completed"

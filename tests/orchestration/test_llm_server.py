@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from benchmarks.llm_server import calls, text
 from orchestration.llm.base import Usage
 from orchestration.llm.openai_provider import OpenAIProvider
+from tests.support.llm_server import calls, text
 
 LONG = "Every word of it, at length. " * 200  # 5,800 characters: some 1,450 tokens
 ASK = [{"role": "user", "content": "Tell me everything."}]

@@ -7,11 +7,11 @@ import json
 import pytest
 
 from orchestration.models import AgentDispatch, AgentProfile, Event, TurnPause
-from orchestration.pauses import turn_continue
+from orchestration.questions.pauses import turn_continue
 from orchestration.turns import turn_start
 from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
-from benchmarks.llm_server import Reply, agent_of, calls, text
+from tests.support.llm_server import Reply, agent_of, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

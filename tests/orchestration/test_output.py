@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.llm_server import text
 from orchestration.models import LLMCall
+from tests.support.llm_server import text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,4 +1,4 @@
-"""What one model call costs (orchestration/pricing.py), and the price table's shape."""
+"""What one model call costs (orchestration/budgets/pricing.py), and the price table's shape."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from assistant.env import env_json_object
+from orchestration.budgets.pricing import call_cost, format_usd, price_for, price_table_problems
 from orchestration.checks import model_prices_are_a_price_table
 from orchestration.llm import Usage
-from orchestration.pricing import call_cost, format_usd, price_for, price_table_problems
 
 TABLE = {
     "gpt-4o": {"input": 2.50, "cached_input": 1.25, "output": 10.00},

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from assistant.live import panel_context
-from benchmarks.llm_server import Agent, Plan
 from django.template.loader import render_to_string
-from orchestration.events import event_record
 from orchestration.models import Event
+from orchestration.records.events import event_record
 from tests.factories import conversation_for, dispatch_for, turn_for
+from tests.support.llm_server import Agent, Plan
 
 SEARCH = ("tasks.search", {"status": "open"})
 

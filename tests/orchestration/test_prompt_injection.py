@@ -19,10 +19,10 @@ import json
 import pytest
 from django.core import mail
 
-from benchmarks.llm_server import Agent, Plan, Reply
 from orchestration.models import AgentDispatch, Event, SkillExecution
 from skills.domains.email.models import OutboxEmail
 from skills.domains.memory.models import Memory
+from tests.support.llm_server import Agent, Plan, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

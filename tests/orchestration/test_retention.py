@@ -1,7 +1,7 @@
 """Retention (issue 18): `manage.py prune` ages out finished turns' transcripts and
 leaves a tombstone whose figures keep every usage total right; active turns and turns
 inside the window are never touched; events still cannot be edited, and leave only
-through orchestration/retention.py.
+through orchestration/reports/retention.py.
 
 Real turns: the offline planner drives the real engine inline (three agents, real skill
 calls, an email in the outbox), priced here so that costs are at stake too."""
@@ -18,7 +18,7 @@ from django.db.models import ProtectedError
 from django.urls import reverse
 from django.utils import timezone
 
-from orchestration.audit import conversation_audit
+from orchestration.budgets.usage import conversation_spend, turn_spend
 from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import (
     AgentDispatch,
@@ -31,8 +31,8 @@ from orchestration.models import (
     TurnPause,
     retention_deleting,
 )
-from orchestration.retention import DeletionRefused, age_parse, conversation_delete
-from orchestration.usage import conversation_spend, turn_spend
+from orchestration.records.audit import conversation_audit
+from orchestration.reports.retention import DeletionRefused, age_parse, conversation_delete
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -23,15 +23,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from assistant.preferences import preferences_time_zone_set
-from benchmarks.llm_server import Agent, Plan, Reply, calls, text
+from orchestration.budgets.limits import LimitTripped
+from orchestration.budgets.spending import CAP_GRANT, caps_for, prompt_estimate, spend_reserve, spend_settle, spend_use
 from orchestration.models import LLMCall, SpendAllowance, SpendCounter, TurnPause
-from orchestration.pauses import CONTINUES_SPENT, pause_question, turn_continue
-from orchestration.limits import LimitTripped
 from orchestration.llm import get_provider
 from orchestration.llm.base import Usage
-from orchestration.spending import CAP_GRANT, caps_for, prompt_estimate, spend_reserve, spend_settle, spend_use
+from orchestration.questions.pauses import CONTINUES_SPENT, pause_question, pause_words_of, turn_continue
 from orchestration.turns import TurnRefused, turn_stop
 from tests.factories import spent
+from tests.support.llm_server import Agent, Plan, Reply, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -120,7 +120,7 @@ class TestAllowanceSpent:
 
     def test_the_words_say_what_is_left_and_when_it_renews(self, paused, alice):
         pause = TurnPause.objects.get(turn=paused)
-        words = pause.words
+        words = pause_words_of(pause)
         midnight = spend_use(alice)[0].period.renews_at
         assert midnight.tzinfo == zoneinfo.ZoneInfo("Pacific/Auckland") and (midnight.hour, midnight.minute) == (0, 0)
         assert words.label == "your daily token allowance"
@@ -196,7 +196,7 @@ class TestCapReachedMidTurn:
         # Counted at what the call reported, beyond its estimate: the cap is crossed by
         # that one call's excess only, and nothing more is asked.
         assert spend_use(alice)[1].tokens == used_by_calls(alice)
-        assert "renews on the first of the month" in pause.words.reached
+        assert "renews on the first of the month" in pause_words_of(pause).reached
         with pytest.raises(TurnRefused, match="Your monthly allowance is still spent"):
             turn_continue(turn=turn, user=alice)
         SpendAllowance.objects.create(user=alice, tokens_per_month=500_000)
@@ -213,8 +213,8 @@ class TestCapReachedMidTurn:
         assert turn.status == "paused" and llm.requests == []
         pause = TurnPause.objects.get(turn=turn)
         assert pause.detail["kind"] == "usd"
-        assert pause.words.label == "your daily spending allowance"
-        assert pause.words.reached.startswith("You have used $0.00 of your $0.0001 today: $0.0001 left, ")
+        assert pause_words_of(pause).label == "your daily spending allowance"
+        assert pause_words_of(pause).reached.startswith("You have used $0.00 of your $0.0001 today: $0.0001 left, ")
 
 
 class TestTurnCapOnAgentCalls:
@@ -239,8 +239,8 @@ class TestTurnCapOnAgentCalls:
         assert turn.agent_llm_calls == 5 and agent_requests(useless) == 5
         pause = TurnPause.objects.get(turn=turn)
         assert pause.limit == "turn_max_llm_calls" and pause.detail["budget_left"]["agent_llm_calls"] == 0
-        assert pause.words.reached == "The agents have made 5 model calls on this turn, the most one turn may make."
-        assert pause.words.grant == "Continue allows 5 more model calls for this turn."
+        assert pause_words_of(pause).reached == "The agents have made 5 model calls on this turn, the most one turn may make."
+        assert pause_words_of(pause).grant == "Continue allows 5 more model calls for this turn."
 
     def test_continue_grants_more_and_the_agents_end(self, useless, run_turn, alice):
         turn = run_turn()
@@ -263,7 +263,7 @@ class TestContinuesPerTurn:
         turn.refresh_from_db()
         assert turn.status == "paused" and turn.continuations == 1
         pause = TurnPause.objects.get(turn=turn, decision="")
-        assert pause.words.grant == CONTINUES_SPENT
+        assert pause_words_of(pause).grant == CONTINUES_SPENT
         with pytest.raises(TurnRefused, match=r"This turn has been continued 1 time, the most one turn may be "
                                               r"\(1\)\. Stop ends it with what is done"):
             turn_continue(turn=turn, user=alice)
@@ -321,7 +321,7 @@ class TestZoneChange:
             turn_continue(turn=turn, user=alice)
         again = run_turn()  # a new turn counts in the same day
         assert again.status == "paused" and len(llm.requests) == asked
-        assert re.search(renewal, TurnPause.objects.get(turn=again).words.reached)
+        assert re.search(renewal, pause_words_of(TurnPause.objects.get(turn=again)).reached)
         [day] = day_rows(alice)
         assert day.tokens == used_by_calls(alice) <= 20_000  # one real day, one allowance
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.llm_server import Agent, Plan, Reply
 from orchestration import orchestrator
 from orchestration.llm import openai_provider
 from orchestration.models import Event, LLMCall, Message
+from tests.support.llm_server import Agent, Plan, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,12 +15,12 @@ import json
 import pytest
 
 from assistant.models import Preferences
-from benchmarks.llm_server import Agent, Plan
 from orchestration.models import AgentDispatch, SkillExecution, Turn
 from orchestration.prompts import user_local_time
 from orchestration.turns import turn_start
 from skills.domains.calendar.models import CalendarEvent
 from tests.factories import conversation_for
+from tests.support.llm_server import Agent, Plan
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

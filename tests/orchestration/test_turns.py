@@ -40,7 +40,7 @@ def test_the_first_request_names_the_conversation_and_the_next_does_not(alice):
 
 @pytest.mark.django_db(transaction=True)
 def test_an_answer_that_claims_success_is_followed_by_the_engines_record_of_failures(llm, run_turn):
-    from benchmarks.llm_server import Agent, Plan
+    from tests.support.llm_server import Agent, Plan
 
     llm.respond = Plan([
         Agent("finder", ["tasks.search"], [("tasks.search", {"status": "open"})]),
@@ -58,7 +58,7 @@ def test_an_answer_that_claims_success_is_followed_by_the_engines_record_of_fail
 
 @pytest.mark.django_db(transaction=True)
 def test_a_turn_where_everything_went_as_asked_gets_no_note(llm, run_turn):
-    from benchmarks.llm_server import Agent, Plan
+    from tests.support.llm_server import Agent, Plan
 
     llm.respond = Plan([Agent("finder", ["tasks.search"], [("tasks.search", {"status": "open"})])],
                        answer="Found them.", discover=False)
@@ -77,7 +77,7 @@ def test_offline_dispatches_name_the_planner_as_their_model(run_turn, settings):
 @pytest.mark.django_db
 def test_a_message_to_a_conversation_deleted_meanwhile_is_refused_not_a_crash(alice):
     """The page loaded the conversation, then its owner deleted it in another tab."""
-    from orchestration.retention import conversation_delete
+    from orchestration.reports.retention import conversation_delete
     from orchestration.turns import TurnRefused
 
     conversation = conversation_for(alice)

@@ -1,4 +1,4 @@
-"""Tokens and costs rolled up (orchestration/usage.py), from the stored model calls:
+"""Tokens and costs rolled up (orchestration/budgets/usage.py), from the stored model calls:
 per agent (a delegating agent pays for its helpers), per turn, per conversation; the
 counters count a running agent's calls as they are made, and once."""
 
@@ -10,9 +10,9 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
+from orchestration.budgets.usage import Spend, conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, LLMCall, Turn
-from orchestration.selectors import conversation_usage
-from orchestration.usage import Spend, conversation_spend, turn_spend
+from orchestration.reports.selectors import conversation_usage
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db

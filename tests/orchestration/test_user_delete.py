@@ -144,7 +144,7 @@ def test_a_worker_committing_mid_deletion_cannot_break_it(alice, monkeypatch):
     from django.db.models.deletion import Collector
 
     from orchestration.models import Message
-    from orchestration.retention import user_delete
+    from orchestration.reports.retention import user_delete
 
     turn = turn_for(conversation_for(alice))
     collected, outcome = threading.Event(), {}

@@ -1,4 +1,4 @@
-"""The waterfall of a turn (orchestration/waterfall.py), from stored events and dispatches.
+"""The waterfall of a turn (orchestration/reports/waterfall.py), from stored events and dispatches.
 
 The diamond: a, then b and c (both after a), then d (after b and c); c is slow and has
 a nested helper e that fails; one of b's skill calls is refused. Every row is written at
@@ -16,7 +16,7 @@ import pytest
 from django.urls import reverse
 
 from orchestration.models import Event, LLMCall
-from orchestration.waterfall import turn_waterfall
+from orchestration.reports.waterfall import turn_waterfall
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ import time
 import pytest
 from django.db import connection, connections, transaction
 
-from orchestration.budget import reserve_skill_call
+from orchestration.budgets.budget import reserve_skill_call
 from orchestration.models import Event, SkillExecution
 from skills.base import Skill
 from skills.executor import execute_skill
@@ -147,7 +147,7 @@ def test_parallel_agents_skills_run_at_the_same_time(register, dispatch, alice):
 def test_the_last_skill_call_of_a_turn_goes_to_one_of_two_racing_agents(alice):
     """The second agent's reservation waits on the first one's row lock; once that commits,
     the turn's count must be read again, so the second is refused, not counted past the limit."""
-    from orchestration.limits import Limits, LimitTripped
+    from orchestration.budgets.limits import Limits, LimitTripped
 
     limits = {**Limits.from_settings().to_json(), "turn_max_skill_calls": 1}
     turn = turn_for(conversation_for(alice), limits=limits)

@@ -25,7 +25,7 @@ from django.shortcuts import resolve_url
 from django.conf import settings
 from django.urls import reverse
 
-from orchestration.limits import Limits
+from orchestration.budgets.limits import Limits
 from orchestration.models import Conversation, Event, Message, Turn, TurnPause
 from tests.factories import conversation_for, turn_for
 from tests.web.sweep import all_routes, approval_ids, approval_ids_missing, changes, snapshot

@@ -13,13 +13,13 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from benchmarks.llm_server import Agent, Plan
-from orchestration.approvals import call_digest
 from orchestration.models import Event, SkillApproval, Turn, TurnPause
 from orchestration.profiles import install_default_profiles
+from orchestration.questions.approvals import call_digest
 from skills.models import SkillRule
 from tests.factories import conversation_for, dispatch_for, turn_for
 from tests.orchestration.conftest import inline_tasks, llm, run_turn  # noqa: F401 - fixtures
+from tests.support.llm_server import Agent, Plan
 
 X = ("email.send", {"to": ["carol@example.com"], "subject": "Agenda", "body": "Tuesday's agenda."})
 Y = ("email.send", {"to": ["drop@evil.test"], "subject": "Agenda", "body": "Tuesday's agenda."})

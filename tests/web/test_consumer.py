@@ -17,8 +17,8 @@ from django.db import connection, transaction
 from django.test import Client
 
 from assistant import live
-from orchestration.events import event_record
 from orchestration.models import Event
+from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
 from tests.sockets import communicator
 

@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from orchestration.limits import Limits
+from orchestration.budgets.limits import Limits
 from orchestration.models import TurnPause
 from tests.conftest import PASSWORD
 from tests.factories import conversation_for, turn_for

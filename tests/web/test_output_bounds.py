@@ -12,7 +12,7 @@ from django.urls import reverse
 from assistant import rendering
 from assistant.payloads import render_payload
 from orchestration.models import Message
-from orchestration.output import text_bounded, truncation_note
+from orchestration.records.output import text_bounded, truncation_note
 from tests.factories import conversation_for, turn_for
 
 MEGABYTE = ("## A heading\n\nSome **bold** words and a [link](https://example.com).\n\n- one\n- two\n\n" * 14_000)[:1_000_000]

@@ -10,10 +10,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django_q.conf import Conf
 
-from orchestration.audit import turn_audit
-from orchestration.approvals import StaleAnswer, approval_answer, approval_question
 from orchestration.models import Conversation, Event, SkillApproval, Turn, TurnStatus
-from orchestration.pauses import APPROVAL, AlreadyAnswered, pause_question, turn_continue
+from orchestration.questions.approvals import StaleAnswer, approval_answer, approval_question
+from orchestration.questions.pauses import APPROVAL, AlreadyAnswered, pause_question, turn_continue
+from orchestration.records.audit import turn_audit
 from orchestration.turns import TurnRefused, turn_start
 
 FINAL = {TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED}

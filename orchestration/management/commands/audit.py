@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from orchestration.audit import conversation_audit_json
 from orchestration.models import Conversation
+from orchestration.records.audit import conversation_audit_json
 
 
 class Command(BaseCommand):

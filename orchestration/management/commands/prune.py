@@ -1,4 +1,4 @@
-"""Age out finished turns' transcripts, leaving a tombstone (orchestration/retention.py)."""
+"""Age out finished turns' transcripts, leaving a tombstone (orchestration/reports/retention.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from orchestration.audit import conversation_audit_json
 from orchestration.models import Conversation
-from orchestration.retention import PruneCounts, age_parse, retention_cutoff, turns_prunable, turns_prune
+from orchestration.records.audit import conversation_audit_json
+from orchestration.reports.retention import PruneCounts, age_parse, retention_cutoff, turns_prunable, turns_prune
 
 
 class Command(BaseCommand):

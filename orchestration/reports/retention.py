@@ -34,6 +34,7 @@ from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from orchestration.budgets.usage import turn_spend
 from orchestration.models import (
     ACTIVE_TURN_STATUSES,
     AgentDispatch,
@@ -48,7 +49,6 @@ from orchestration.models import (
     TurnStatus,
     retention_deleting,
 )
-from orchestration.usage import turn_spend
 from skills.domains.files.workspace import workspace_root
 
 logger = logging.getLogger(__name__)

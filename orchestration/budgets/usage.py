@@ -18,8 +18,8 @@ from decimal import Decimal
 
 from django.db.models import Count, Q, QuerySet, Sum
 
+from orchestration.budgets.pricing import COST_PLACES, format_usd
 from orchestration.models import AgentDispatch, Conversation, LLMCall, Turn
-from orchestration.pricing import COST_PLACES, format_usd
 
 
 @dataclass(frozen=True)

@@ -122,4 +122,4 @@ class LimitTripped(Exception):
 
     def record(self, pause) -> None:
         """Store what this question needs beside its TurnPause, in the pausing transaction
-        (an approval's call: orchestration/approvals.py)."""
+        (an approval's call: orchestration/questions/approvals.py)."""

@@ -52,11 +52,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import formats, timezone
 
-from assistant.preferences import user_time_zone
-from orchestration.limits import Limits, LimitTripped
+from orchestration.budgets.limits import Limits, LimitTripped
+from orchestration.budgets.pricing import MILLION, call_cost, format_usd, price_for
 from orchestration.llm import Usage
 from orchestration.models import SpendAllowance, SpendCounter, Turn
-from orchestration.pricing import MILLION, call_cost, format_usd, price_for
+from orchestration.zones import user_time_zone
 
 SPEND_CAP = "spend_cap"  # the limit of a pause on a user's allowance
 DAY, MONTH = SpendCounter.Period.DAY, SpendCounter.Period.MONTH
@@ -192,7 +192,7 @@ def spend_periods_start(*, user, now: datetime) -> None:
     second finds the first's row, even if the zone changed between them (their labels
     would differ, and the unique key would not stop both). Its own transaction, never
     inside the reservation's: that one holds period rows, and a user's deletion locks the
-    user's row before those (orchestration/retention.py)."""
+    user's row before those (orchestration/reports/retention.py)."""
     user = (get_user_model().objects.select_for_update(no_key=True, of=("self",)).select_related("preferences")
             .get(pk=user.pk))  # and the zone as it is now, not as a long-lived caller read it
     started = {name for _, name, *_ in _current_rows(user.pk, now)}

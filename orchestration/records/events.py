@@ -21,10 +21,6 @@ from orchestration.models import AgentDispatch, Conversation, Event, Turn
 logger = logging.getLogger(__name__)
 
 
-AGENT_LLM_CALL = "agent.llm_call"  # one per sub-agent model call: its steps
-SKILL_FINISHED = "skill.finished"
-
-
 def group_name(conversation_id: int) -> str:
     return f"conversation-{conversation_id}"
 

@@ -15,13 +15,14 @@ from django.db.models import F
 from django.utils import formats, timezone
 
 from orchestration import dispatches as lifecycle
-from orchestration.events import event_record
-from orchestration.history import message_append
-from orchestration.limits import LIMIT_WORDS, Limits, LimitTripped
+from orchestration.budgets.limits import LIMIT_WORDS, Limits, LimitTripped
+from orchestration.budgets.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
-from orchestration.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
+from orchestration.records.catalogue import LIMIT_TRIPPED, TURN_PAUSED, TURN_RESUMED
+from orchestration.records.events import event_record
+from orchestration.records.history import message_append
 
-APPROVAL = "approval"  # the limit of an approval's pause (orchestration/approvals.py)
+APPROVAL = "approval"  # the limit of an approval's pause (orchestration/questions/approvals.py)
 
 
 def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) -> TurnPause | None:
@@ -55,14 +56,14 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
         # has pressed Continue by then.
         held = {"lease_token": "", "lease_expires_at": None} if token is not None else {}
         Turn.objects.filter(pk=turn.pk).update(status=TurnStatus.PAUSED, answer_draft="", **held)
-        event_record(type="limit.tripped", turn=turn, summary=trip.summary(pause.words.label),
+        event_record(type=LIMIT_TRIPPED, turn=turn, summary=trip.summary(pause_words_of(pause).label),
                      payload=detail | {"limit": trip.limit})
         # A one-line record in the chat; the question itself, with its buttons, is the
         # prompt panel (one prompt per pause). The detail stays on the pause and the event.
         message_append(turn=turn, role=Message.Role.NOTICE,
                        content=f"Turn {turn.number} paused. {pause_words(trip.limit, detail).reached}")
         question = "approve?" if trip.limit == APPROVAL else "continue?"
-        event_record(type="turn.paused", turn=turn, summary=f"Turn {turn.number} paused: {question}",
+        event_record(type=TURN_PAUSED, turn=turn, summary=f"Turn {turn.number} paused: {question}",
                      payload={"pause_id": pause.pk, "limit": trip.limit})
     return pause
 
@@ -140,6 +141,11 @@ def pause_words(limit: str, detail: dict) -> PauseWords:
 CONTINUES_SPENT = "This turn has been continued as many times as one turn may be: Continue is not possible."
 
 
+def pause_words_of(pause: TurnPause) -> PauseWords:
+    """A pause's question in plain words (pages show it through the `question` filter)."""
+    return pause_words(pause.limit, pause.detail)
+
+
 def pause_question(limit: str, detail: dict) -> str:
     """The continue? prompt as text (manage.py ask prints it)."""
     words = pause_words(limit, detail)
@@ -213,7 +219,7 @@ def turn_resume(*, turn: Turn, pause: TurnPause, user, limits: dict | None = Non
             deadline_at=F("deadline_at") + (timezone.now() - pause.tripped_at)
         )
         event_record(
-            type="turn.resumed", turn=turn,
+            type=TURN_RESUMED, turn=turn,
             summary=f"Turn {turn.number} resumed by {user.get_username()}",
             payload={"pause_id": pause.pk, "limit": pause.limit, "approved_by": user.get_username(),
                      "approved_at": timezone.now().isoformat(), "limits": limits},

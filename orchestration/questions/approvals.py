@@ -10,7 +10,7 @@ It runs unasked only when nothing below asks:
   body, a memory, task or event an agent saved) in the agent's own results, its
   dependencies' or children's reports, what its parent had seen or the orchestrator had
   read when it was dispatched, or an earlier turn of its conversation
-  (orchestration/outside.py). Whatever the policy: that text may carry instructions the
+  (orchestration/records/outside.py). Whatever the policy: that text may carry instructions the
   model followed.
 
 Otherwise the turn pauses with a SkillApproval holding the exact call (ApprovalNeeded,
@@ -32,10 +32,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from orchestration import dispatches as lifecycle
-from orchestration.events import event_record
-from orchestration.limits import LimitTripped
+from orchestration.budgets.limits import LimitTripped
 from orchestration.models import AgentDispatch, SkillApproval, Turn, TurnPause, TurnStatus
-from orchestration.pauses import APPROVAL, AlreadyAnswered, turn_resume
+from orchestration.questions.pauses import APPROVAL, AlreadyAnswered, turn_resume
+from orchestration.records.catalogue import APPROVAL_DECIDED
+from orchestration.records.events import event_record
 from skills import egress
 from skills.base import Skill
 from skills.executor import CallDenied, Clear
@@ -154,7 +155,7 @@ def approval_answer(*, turn: Turn, user, approval_id: int, digest: str | None, a
         approval.decision, approval.decided_by, approval.decided_at, approval.rule = decision, user, timezone.now(), rule
         approval.save(update_fields=["decision", "decided_by", "decided_at", "rule"])
         event_record(
-            type="approval.decided", turn=turn,
+            type=APPROVAL_DECIDED, turn=turn,
             summary=f"{user.get_username()} {decision} {approval.skill} for {pause.detail.get('agent', '')}"
             + (f" and set a rule: {rule.words()}" if rule else ""),
             payload={"approval_id": approval.pk, "skill": approval.skill, "decision": decision,

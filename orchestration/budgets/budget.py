@@ -23,12 +23,11 @@ from datetime import timedelta
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
-from orchestration.events import event_record
+from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.leases import heartbeat
-from orchestration.limits import Limits, LimitTripped
 from orchestration.models import AgentDispatch, Conversation, DispatchState, Event, Turn
-
-SKILL_STARTED = "skill.started"
+from orchestration.records.catalogue import SKILL_STARTED
+from orchestration.records.events import event_record
 
 
 def reserve_skill_call(*, dispatch: AgentDispatch, skill: str, arguments: dict, token: str | None = None) -> None:

@@ -9,9 +9,9 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED
+from orchestration.budgets.usage import Spend, TurnSpend, conversation_spend, turn_spend
 from orchestration.models import Conversation, Event, Message, Turn
-from orchestration.usage import Spend, TurnSpend, conversation_spend, turn_spend
+from orchestration.records.catalogue import AGENT_LLM_CALL, SKILL_FINISHED, SKILL_STARTED
 
 
 def conversations_for(*, user) -> QuerySet[Conversation]:
@@ -138,8 +138,6 @@ def agent_progress(*, turn) -> dict[int, dict]:
     """Each agent's progress, from the turn's events: the model calls it has made (its
     steps) and its latest skill call, with that call's status ("running" until it ends).
     A light read (two payload keys, not the payloads): the graph re-renders it often."""
-    from orchestration.budget import SKILL_STARTED
-
     progress: dict[int, dict] = {}
     rows = (Event.objects.filter(turn=turn, dispatch__isnull=False, type__in=(AGENT_LLM_CALL, SKILL_STARTED, SKILL_FINISHED))
             .order_by("id").values_list("dispatch_id", "type", "payload__skill", "payload__status"))

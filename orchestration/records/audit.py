@@ -6,9 +6,9 @@ import json
 
 from django.utils import timezone
 
-from orchestration.limits import Limits
+from orchestration.budgets.limits import Limits
+from orchestration.budgets.usage import TurnSpend, conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, Conversation, Turn
-from orchestration.usage import TurnSpend, conversation_spend, turn_spend
 
 
 def _iso(value):

@@ -1,4 +1,4 @@
-"""Outside content belongs to the conversation (orchestration/approvals.py).
+"""Outside content belongs to the conversation (orchestration/questions/approvals.py).
 
 Once an agent has read text the owner did not write, the conversation's history carries
 it: the answer quotes it, and the next request ("thanks, go ahead") builds on it. So

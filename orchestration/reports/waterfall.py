@@ -22,15 +22,20 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from orchestration.budget import SKILL_STARTED
-from orchestration.events import AGENT_LLM_CALL, SKILL_FINISHED
+from orchestration.budgets.usage import Spend, turn_spend
 from orchestration.models import ACTIVE_TURN_STATUSES, AgentDispatch, DispatchOutcome, Event, SkillExecution, Turn
-from orchestration.selectors import display_state
-from orchestration.usage import Spend, turn_spend
+from orchestration.records.catalogue import (
+    AGENT_ATTEMPT,
+    AGENT_LLM_CALL,
+    ORCHESTRATOR_LLM_CALL,
+    ORCHESTRATOR_LLM_RETRY,
+    SKILL_FINISHED,
+    SKILL_STARTED,
+)
+from orchestration.reports.selectors import display_state
 
-ORCHESTRATOR_LLM_CALL = "orchestrator.llm_call"
 # A model call that failed and is retried: its retry's event (when the call began is not stored).
-FAILED_MODEL_CALLS = ("orchestrator.llm_retry", "agent.subagent_attempt")
+FAILED_MODEL_CALLS = (ORCHESTRATOR_LLM_RETRY, AGENT_ATTEMPT)
 FAILED_AGENT_STATES = {DispatchOutcome.FAILED, DispatchOutcome.TIMEOUT}
 MAX_TEXT = 4000  # of a request or result shown under a bar
 MIN_SHOWN_WIDTH = 0.8  # percent of the axis
