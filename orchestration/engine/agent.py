@@ -121,6 +121,10 @@ class Agent:
             dispatch = (AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
                         .get(pk=dispatch_id, state=DispatchState.CREATED, turn__status__in=LIVE_TURN))
         except AgentDispatch.DoesNotExist:
+            # Its turn is paused (or over): this delivery is spent. Unstamped, the agent
+            # is queued again by the schedule rule when the turn resumes.
+            AgentDispatch.objects.filter(pk=dispatch_id, state=DispatchState.CREATED).exclude(
+                turn__status__in=LIVE_TURN).update(queued_at=None)
             return None
         token, now, awaited = new_token(), timezone.now(), dispatch.awaiting
         first_start = dispatch.started_at is None
@@ -285,8 +289,10 @@ class Agent:
         except IntegrityError:
             return steps.STOP  # stored by the agent's new holder
         self.stored[_key(dispatch, step)] = response.to_json()
-        _record_step(dispatch, step, response, duration_ms)
-        return self.check()  # stopped or paused during the call: nothing acts on it here
+        stop = self.check()  # stopped or paused during the call: nothing acts on it here
+        if stop is not steps.STOP:  # stopped: the call is in the audit, the step not in the timeline
+            _record_step(dispatch, step, response, duration_ms)
+        return stop
 
     # --- acting -------------------------------------------------------------------------
 
@@ -426,10 +432,11 @@ class Agent:
             _finish(dispatch, self.token, outcome=outcome, result=next_step.result, error=next_step.error,
                     progress={**self.progress(), "outside": self.outside}, usage=self.usage)
         elif kind is steps.Kind.PAUSE and next_step.trip is not None:
-            # Paused first, then given back: a Continue between the two finds the agent
-            # still running and leaves it; the give-back then queues it (dispatch_schedule).
-            turn_pause(turn_id=dispatch.turn_id, trip=next_step.trip)
-            lifecycle.agent_give_back(dispatch.pk, self.token)
+            # Paused, then given back, in one transaction under the turn's lock: a Continue
+            # comes before both or after both (and then finds it to queue).
+            with transaction.atomic():
+                turn_pause(turn_id=dispatch.turn_id, trip=next_step.trip, releasing=dispatch.pk)
+                lifecycle.agent_give_back(dispatch.pk, self.token)
         elif kind in (steps.Kind.PAUSE, steps.Kind.HAND_BACK):
             lifecycle.agent_give_back(dispatch.pk, self.token)
 

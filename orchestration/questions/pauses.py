@@ -25,7 +25,11 @@ from orchestration.records.history import message_append
 APPROVAL = "approval"  # the limit of an approval's pause (orchestration/questions/approvals.py)
 
 
-def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) -> TurnPause | None:
+def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None,
+               releasing: int | None = None) -> TurnPause | None:
+    """Pause the turn on `trip`. `token`: the orchestrator's, when it trips the limit
+    itself; `releasing`: the agent that tripped it, given back in the same transaction
+    (it waits to start again, it is not still working)."""
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn_id)
         if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
@@ -37,8 +41,9 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None) ->
             **trip.detail,
             "message": trip.message,
             "completed": [d.agent_id for d in dispatches if lifecycle.succeeded(d)],
-            "running": [d.agent_id for d in dispatches if d.state == DispatchState.RUNNING],
-            "not_started": [d.agent_id for d in dispatches if d.state == DispatchState.CREATED],
+            "running": [d.agent_id for d in dispatches if d.state == DispatchState.RUNNING and d.pk != releasing],
+            "not_started": [d.agent_id for d in dispatches
+                            if d.state == DispatchState.CREATED or (d.pk == releasing and d.state == DispatchState.RUNNING)],
             "budget_left": budget_left(turn),
             "resumes_at": trip.detail.get("resumes_at"),
             # Continue's fresh budgets are bounded per turn (turn_max_continues).

@@ -73,7 +73,7 @@ def test_stop_mid_turn_cancels_running_and_pending_agents(llm, run_turn, alice):
 
 def test_a_cancelled_agent_notices_at_its_next_step(llm, run_turn, alice, monkeypatch):
     """Stopped right after a skill call: the step ends, the next step sees the stop."""
-    from orchestration import subagent
+    from orchestration.engine import agent as subagent
 
     llm.respond = Plan([Agent("worker", ["tasks.create"], [create("one"), create("two")])])
     use_skill = subagent._use_skill
@@ -88,19 +88,18 @@ def test_a_cancelled_agent_notices_at_its_next_step(llm, run_turn, alice, monkey
 
     monkeypatch.setattr(subagent, "_use_skill", use_skill_then_stop)
     checks = []
-    step_heartbeat = subagent._step_heartbeat
+    check = subagent.Agent.check
 
-    def recorded_check(dispatch, token, **progress):
-        try:
-            step_heartbeat(dispatch, token, **progress)
-        except subagent.Cancelled:
-            checks.append("cancelled")
-            raise
+    def recorded_check(self, **progress):
+        stop = check(self, **progress)
+        if stop is not None:
+            checks.append(stop.kind.value)
+        return stop
 
-    monkeypatch.setattr(subagent, "_step_heartbeat", recorded_check)
+    monkeypatch.setattr(subagent.Agent, "check", recorded_check)
     turn = run_turn()
     assert turn.status == "stopped"
-    assert checks == ["cancelled"]
+    assert checks == ["stop"]
     worker = AgentDispatch.objects.get(agent_id="worker")
     assert (worker.state, worker.outcome) == ("closed", "cancelled")
     assert list(Task.objects.values_list("title", flat=True)) == ["one"]  # the running step finished
@@ -113,7 +112,7 @@ def test_stop_between_parallel_skill_calls_runs_none_of_the_rest(llm, run_turn, 
     """One response asks for three emails; Stop lands after the first: no more are sent."""
     from django.core import mail
 
-    from orchestration import subagent
+    from orchestration.engine import agent as subagent
 
     send = [("email.send", {"to": ["bob@example.com"], "subject": f"Report {n}", "body": "Hi"}) for n in (1, 2, 3)]
     llm.respond = Plan([Agent("mailer", ["email.send"], send, per_call=3)])

@@ -40,7 +40,8 @@ from orchestration.budgets.budget import reserve_skill_call
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Event, SkillExecution, TurnStatus
 from orchestration.reaper import reap_expired
 from orchestration.records.events import event_record
-from orchestration.subagent import Finish, _claim, _finish, _release
+from orchestration.engine.agent import Agent, _finish
+from orchestration.llm import Usage
 from skills.domains.tasks.models import Task
 from skills.executor import execute_skill
 from tests.factories import conversation_for, dispatch_for, turn_for
@@ -64,8 +65,8 @@ EVENT_ORDER = re.compile(
 
 def claim_token(dispatch_id: int) -> str | None:
     """The lease token a delivery's claim took, or None when it took none."""
-    claimed = _claim(dispatch_id)
-    return claimed[1] if claimed else None
+    claimed = Agent.claim(dispatch_id)
+    return claimed.token if claimed else None
 
 
 class DispatchLifecycle(RuleBasedStateMachine):
@@ -141,7 +142,7 @@ class DispatchLifecycle(RuleBasedStateMachine):
         if before.state == DispatchState.RUNNING:
             state, _, token = self.snapshot()
             assert token == ""
-            dead = before.attempts >= django_settings.ASSISTANT_MAX_STEP_ATTEMPTS
+            dead = before.crashes + 1 >= django_settings.ASSISTANT_MAX_STEP_ATTEMPTS
             assert state == (DispatchState.FAILED if dead else DispatchState.CREATED)
         if redeliver:
             self.claim()
@@ -151,7 +152,7 @@ class DispatchLifecycle(RuleBasedStateMachine):
     def worker_finishes(self, token: str, outcome: str):
         before = self.snapshot()
         error = "" if outcome in lifecycle.SUCCESS_OUTCOMES else "boom"
-        _finish(self.dispatch(), token, Finish(outcome, "report", error))
+        _finish(self.dispatch(), token, outcome=outcome, result="report", error=error, progress={}, usage=Usage())
         after = self.snapshot()
         if before[0] == DispatchState.RUNNING and before[2] == token:
             ok = outcome in lifecycle.SUCCESS_OUTCOMES
@@ -175,7 +176,7 @@ class DispatchLifecycle(RuleBasedStateMachine):
         """The turn paused: the worker hands its dispatch back to `created`."""
         token = data.draw(st.sampled_from(self.held))
         before = self.snapshot()
-        _release(self.dispatch(), token)
+        lifecycle.agent_give_back(self.pk, token)
         if before[0] == DispatchState.RUNNING and before[2] == token:
             assert self.snapshot() == (DispatchState.CREATED, before[1], "")
         else:

@@ -341,7 +341,7 @@ def test_reaper_wakes_a_parent_whose_wake_up_was_lost(llm, queued, alice, lead_p
     lead = AgentDispatch.objects.get(agent_id="lead")
     assert lost == [lead.pk] and lead.state == "created" and lead.awaiting["agent_ids"] == ["h"]
     monkeypatch.setattr(dispatches, "enqueue_subagents", real_enqueue)
-    assert reap_expired()["parents_woken"] == 1
+    assert reap_expired()["queued_again"] == 1  # woken and runnable, not queued: the one rule finds it
     queued()
     turn.refresh_from_db()
     assert turn.status == "completed", turn.error

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from orchestration.models import AgentDispatch, DispatchState, TurnStatus
 from orchestration.reaper import reap_expired
-from orchestration.subagent import _claim
+from orchestration.engine.agent import Agent
 from orchestration.tasks import enqueue_subagent
 from tests.factories import conversation_for, dispatch_for, turn_for
 
@@ -36,7 +36,7 @@ def test_work_unclaimed_for_longer_than_a_lease_is_queued_again_once(
                     awaiting={"agent_ids": ["lost", "fresh", "never-queued", "running"]})
     lost = dispatch_for(turn, "lost", queued_at=_ago(61))
     dispatch_for(turn, "fresh", queued_at=_ago(5))  # its task is probably still in the queue
-    dispatch_for(turn, "never-queued")  # waits for its dependencies: nobody queued it
+    dispatch_for(turn, "never-queued", depends_on=["running"])  # waits for its dependency: nobody queued it
     dispatch_for(turn, "running", state=DispatchState.RUNNING, lease_expires_at=timezone.now() + timedelta(minutes=1))
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -66,5 +66,5 @@ def test_enqueue_stamps_and_the_claim_clears(alice, queue, django_capture_on_com
     with django_capture_on_commit_callbacks(execute=True):
         enqueue_subagent(dispatch.pk)
     assert AgentDispatch.objects.get(pk=dispatch.pk).queued_at is not None
-    assert _claim(dispatch.pk)
+    assert Agent.claim(dispatch.pk)
     assert AgentDispatch.objects.get(pk=dispatch.pk).queued_at is None

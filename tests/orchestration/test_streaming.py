@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration import orchestrator
+from orchestration.engine import orchestrator
 from orchestration.llm import openai_provider
 from orchestration.models import Event, LLMCall, Message
 from tests.support.llm_server import Agent, Plan, Reply
