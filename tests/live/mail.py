@@ -11,11 +11,16 @@ commits. A hold inside the backend would come before the send returned, before t
 journal entry: killed there, the replay must send again.
 
 The qcluster subprocess loads it by dotted path (EMAIL_BACKEND=tests.live.mail.HeldFileBackend).
+
+`SlowFileBackend` is a slow mail server instead: each send first leaves a file in
+`sending/` next to the mail directory (its name unique, its text the epoch second the
+send began), then sleeps SLOW_MAIL_SECONDS (default 10) before it delivers.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +36,25 @@ class HeldFileBackend(EmailBackend):
         if (control / "hold-after").exists():
             _hold_at_next_query(control / "hold-after")
         return sent
+
+
+class SlowFileBackend(EmailBackend):
+    def send_messages(self, email_messages):
+        sending = Path(self.file_path).parent / "sending"
+        sending.mkdir(exist_ok=True)
+        name = f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+        (sending / f".{name}").write_text(repr(time.time()))
+        os.replace(sending / f".{name}", sending / name)  # whole, for a reader
+        time.sleep(float(os.environ.get("SLOW_MAIL_SECONDS", "10")))
+        return super().send_messages(email_messages)
+
+
+def sends_begun(mail_dir: Path) -> list[float]:
+    """When each send of a SlowFileBackend writing to `mail_dir` began (epoch seconds)."""
+    sending = mail_dir.parent / "sending"
+    if not sending.exists():
+        return []
+    return sorted(float(f.read_text()) for f in sending.iterdir() if not f.name.startswith("."))
 
 
 def _hold_while(flag: Path) -> None:
