@@ -59,14 +59,55 @@ def result_status(dispatch: AgentDispatch) -> str:
     return dispatch.outcome or dispatch.state
 
 
+_D, _T = DispatchState, TurnStatus
+# The lifecycle tables (docs/engine.md shows them; tests/orchestration/test_transitions.py
+# holds the two together). A move not in its table is a bug, refused before it is written.
+AGENT_TRANSITIONS = frozenset({
+    (_D.CREATED, _D.RUNNING),  # claimed by a delivery
+    (_D.RUNNING, _D.CREATED),  # given back: a pause, a hand-back, or a crash the reaper found
+    (_D.RUNNING, _D.WAITING),  # waits for its own agents, holding nothing
+    (_D.WAITING, _D.CREATED),  # its agents are done: runnable again
+    (_D.RUNNING, _D.WAITING_FOR_MERGE),  # reported
+    (_D.RUNNING, _D.FAILED),  # failed, or dead-lettered after its crashes
+    (_D.WAITING_FOR_MERGE, _D.COMPLETED),  # its report was read
+    (_D.COMPLETED, _D.CLOSED), (_D.FAILED, _D.CLOSED),
+    (_D.CREATED, _D.SKIPPED), (_D.SKIPPED, _D.CLOSED),  # a dependency did not succeed
+    (_D.CREATED, _D.CANCELLED), (_D.RUNNING, _D.CANCELLED), (_D.WAITING, _D.CANCELLED),  # stopped
+    (_D.CANCELLED, _D.CLOSED),
+})
+TURN_TRANSITIONS = frozenset({
+    (_T.RUNNING, _T.WAITING),  # the orchestrator waits for its agents, holding nothing
+    (_T.WAITING, _T.RUNNING),  # they are done: woken
+    (_T.RUNNING, _T.PAUSED), (_T.WAITING, _T.PAUSED),  # a limit, a question for the owner
+    (_T.PAUSED, _T.RUNNING),  # the owner's Continue or answer
+    (_T.RUNNING, _T.COMPLETED),  # answered
+    (_T.RUNNING, _T.FAILED), (_T.WAITING, _T.FAILED), (_T.PAUSED, _T.FAILED),
+    (_T.RUNNING, _T.STOPPED), (_T.WAITING, _T.STOPPED), (_T.PAUSED, _T.STOPPED),  # the owner's Stop
+})
+
+
+def _checked(table: frozenset, source: str | Iterable[str], target: str) -> list[str]:
+    sources = [source] if isinstance(source, str) else list(source)
+    if illegal := [s for s in sources if (s, target) not in table]:
+        raise ValueError(f"not in the lifecycle table: {illegal} → {target}")
+    return sources
+
+
 def transition(dispatch_id: int, *, source: str | Iterable[str], target: str, where: dict | None = None,
                **fields) -> bool:
     """Move a dispatch from `source` (a state or several) to `target`, setting `fields`,
     if it is still there (and matches `where`, e.g. the caller's lease token). False when
     another worker, the owner or the reaper moved it first: the caller must not go on."""
-    sources = [source] if isinstance(source, str) else list(source)
+    sources = _checked(AGENT_TRANSITIONS, source, target)
     matching = AgentDispatch.objects.filter(pk=dispatch_id, state__in=sources, **(where or {}))
     return bool(matching.update(state=target, **fields))
+
+
+def turn_move(turn_id: int, *, source: str | Iterable[str], target: str, where: dict | None = None,
+              **fields) -> bool:
+    """`transition` for a turn's status (TURN_TRANSITIONS)."""
+    sources = _checked(TURN_TRANSITIONS, source, target)
+    return bool(Turn.objects.filter(pk=turn_id, status__in=sources, **(where or {})).update(status=target, **fields))
 
 
 def lock_turn(turn_id: int) -> Turn:
@@ -185,7 +226,7 @@ def orchestrator_wake_if_ready(turn: Turn, dispatches: list[AgentDispatch] | Non
         dispatches = list(turn.dispatches.filter(agent_id__in=awaited))
     if any(d.agent_id in awaited and not is_terminal(d) for d in dispatches):
         return False
-    if Turn.objects.filter(pk=turn.pk, status=TurnStatus.WAITING).update(status=TurnStatus.RUNNING):
+    if turn_move(turn.pk, source=TurnStatus.WAITING, target=TurnStatus.RUNNING):
         enqueue_orchestrator_step(turn.pk)
         turn.status, turn.queued_at = TurnStatus.RUNNING, timezone.now()
         return True

@@ -110,11 +110,11 @@ def _finish(turn_id: int, token: str | None, *, status: str, error: str = "") ->
     """Conditionally end an active turn; None if someone else ended it first. Every
     ending passes here (answered, failed, dead-lettered, stopped), in its transaction:
     what the turn read of outside content goes to its conversation here."""
-    qs = Turn.objects.filter(pk=turn_id, status__in=ACTIVE_TURN_STATUSES)
-    if token is not None:
-        qs = qs.filter(lease_token=token)
-    if not qs.update(status=status, error=error, finished_at=timezone.now(), lease_token="", lease_expires_at=None,
-                     awaiting={}, answer_draft=""):
+    sources = [TurnStatus.RUNNING] if status == TurnStatus.COMPLETED else ACTIVE_TURN_STATUSES
+    held = {} if token is None else {"lease_token": token}
+    if not lifecycle.turn_move(turn_id, source=sources, target=status, where=held, error=error,
+                               finished_at=timezone.now(), lease_token="", lease_expires_at=None, awaiting={},
+                               answer_draft=""):
         return None
     turn = Turn.objects.select_related("conversation").get(pk=turn_id)
     conversation_outside_fold(turn=turn)

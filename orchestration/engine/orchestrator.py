@@ -268,9 +268,9 @@ class Orchestrator:
             found = {d.agent_id: d for d in top_level.filter(agent_id__in=names)}
             if any(not lifecycle.is_terminal(d) for d in found.values()):
                 # Waits, holding nothing; the agent finishing last wakes it (dispatch_schedule).
-                Turn.objects.filter(pk=turn.pk).update(
-                    status=TurnStatus.WAITING, awaiting={"tool_call_id": call.id, "agent_ids": sorted(found)},
-                    lease_token="", lease_expires_at=None)
+                lifecycle.turn_move(turn.pk, source=TurnStatus.RUNNING, target=TurnStatus.WAITING,
+                                    awaiting={"tool_call_id": call.id, "agent_ids": sorted(found)},
+                                    lease_token="", lease_expires_at=None)
                 return steps.WAIT
             results = lifecycle.dispatch_results_collect(names, found)
             message_append(turn=turn, role=Message.Role.TOOL, content=json.dumps(results), tool_call_id=call.id)

@@ -60,7 +60,7 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None,
         # for and will be stored); it lets go at its next step, or goes on if the owner
         # has pressed Continue by then.
         held = {"lease_token": "", "lease_expires_at": None} if token is not None else {}
-        Turn.objects.filter(pk=turn.pk).update(status=TurnStatus.PAUSED, answer_draft="", **held)
+        lifecycle.turn_move(turn.pk, source=turn.status, target=TurnStatus.PAUSED, answer_draft="", **held)
         event_record(type=LIMIT_TRIPPED, turn=turn, summary=trip.summary(pause_words_of(pause).label),
                      payload=detail | {"limit": trip.limit})
         # A one-line record in the chat; the question itself, with its buttons, is the
@@ -213,8 +213,8 @@ def turn_resume(*, turn: Turn, pause: TurnPause, user, limits: dict | None = Non
         ):
             raise AlreadyAnswered("This turn was already resumed or stopped.")
         limits = limits if limits is not None else turn.limits
-        Turn.objects.filter(pk=turn.pk).update(
-            status=TurnStatus.RUNNING, limits=limits, queued_at=None,
+        lifecycle.turn_move(
+            turn.pk, source=TurnStatus.PAUSED, target=TurnStatus.RUNNING, limits=limits, queued_at=None,
             # Only a fresh budget counts toward turn_max_continues (an approval or a
             # renewed allowance grants none).
             continuations=F("continuations") + (0 if pause.limit in (APPROVAL, SPEND_CAP) else 1),
