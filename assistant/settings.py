@@ -219,8 +219,8 @@ ASSISTANT_AGENTS_IN_FLIGHT = env_int("ASSISTANT_AGENTS_IN_FLIGHT", 200, minimum=
 ASSISTANT_RUNNER_DB_THREADS = env_int("ASSISTANT_RUNNER_DB_THREADS", 4, minimum=1)
 ASSISTANT_RUNNER_SKILL_THREADS = env_int("ASSISTANT_RUNNER_SKILL_THREADS", 6, minimum=1)
 # A worker process that ends (recycled, or the cluster stopping) lets its agents finish for
-# this long, then cuts their model calls short and hands them back to the queue at once
-# (the answer they were waiting for is asked again elsewhere; nothing waits out a lease).
+# this long; then each goes back to the queue once its model call in flight is answered
+# (a call with its retries at most, then it is cut short): nothing waits out a lease.
 ASSISTANT_RUNNER_DRAIN_SECONDS = env_float("ASSISTANT_RUNNER_DRAIN_SECONDS", 10.0, minimum=0)
 # A step that meets a transient database error (the server restarting, a lost connection,
 # a deadlock) tries again on a fresh connection for this long before leaving the work to

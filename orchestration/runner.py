@@ -23,9 +23,10 @@ and their database work runs in the calling thread.
 
 When the worker process ends (django-q2 recycles it, or the cluster stops) the runner
 drains: it takes no new work and lets what is in flight finish for up to
-ASSISTANT_RUNNER_DRAIN_SECONDS; then it cuts the model calls still in flight short and
-each hands its work back to the queue at once (its stored steps replay elsewhere). The
-process exits once none is left; nothing waits out a lease.
+ASSISTANT_RUNNER_DRAIN_SECONDS; then each piece of work hands itself back to the queue at
+its next step, after the model call it is in (and its SDK retries) has been answered and
+stored; a call still open after that is cut short and handed back at once. Its stored
+steps replay elsewhere. The process exits once none is left; nothing waits out a lease.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ logger = logging.getLogger(__name__)
 
 # A thread's connection idle longer than this is checked before use (one SELECT 1).
 HEALTH_CHECK_IDLE_SECONDS = 5.0
-# After the in-flight model calls are cut short: the time their hand-backs may take.
-HAND_BACK_SECONDS = 30.0
+# After whatever model calls were still in flight are cut short: the time their
+# hand-backs (one short transaction each) may take.
+HAND_BACK_SECONDS = 10.0
 
 Job = Callable[[int], Awaitable[None]]
 
@@ -117,17 +119,23 @@ class Runner:
                 self.in_flight -= 1
                 self._idle.notify_all()
 
-    def drain(self, finish_within: float, hand_back_within: float = HAND_BACK_SECONDS) -> None:
-        """Stop taking work; let what is in flight finish for `finish_within` seconds,
-        then cut the rest short: each hands its work back to the queue at once."""
+    def drain(self, finish_within: float, call_within: float) -> None:
+        """Stop taking work; let what is in flight finish for `finish_within` seconds;
+        then each piece of work hands itself back at its next step, once the model call
+        it is in (with the SDK's retries: `call_within`) has been answered and stored,
+        so no answer is paid for twice; whatever is still in a call after that is cut
+        short and hands back at once. Nothing is left to wait out a lease."""
         self.draining = True
         with self._lock:
             finished = self._idle.wait_for(lambda: self.in_flight == 0, timeout=finish_within)
         if not finished:
             self.handing_back = True
+            with self._lock:
+                finished = self._idle.wait_for(lambda: self.in_flight == 0, timeout=call_within)
+        if not finished:
             self.loop.call_soon_threadsafe(self._cancel_all)
             with self._lock:
-                self._idle.wait_for(lambda: self.in_flight == 0, timeout=hand_back_within)
+                self._idle.wait_for(lambda: self.in_flight == 0, timeout=HAND_BACK_SECONDS)
         if self.in_flight:
             logger.warning("Runner: %s still in flight at exit; their leases will expire", self.in_flight)
         self.db_executor.shutdown(wait=False, cancel_futures=True)
@@ -155,7 +163,8 @@ def runner_start() -> Runner:
                      skill_threads=settings.ASSISTANT_RUNNER_SKILL_THREADS)
     # multiprocessing runs its finalizers when the process's target returns (django-q2's
     # worker loop ends on STOP or to recycle), before it joins the threads and exits.
-    util.Finalize(None, _runner.drain, args=(settings.ASSISTANT_RUNNER_DRAIN_SECONDS,), exitpriority=10)
+    one_call = settings.ASSISTANT_LLM_TIMEOUT_SECONDS * (settings.ASSISTANT_LLM_MAX_RETRIES + 1)
+    util.Finalize(None, _runner.drain, args=(settings.ASSISTANT_RUNNER_DRAIN_SECONDS, one_call), exitpriority=10)
     return _runner
 
 

@@ -142,7 +142,7 @@ class Agent:
             event_record(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
                          payload={"sub_agent_id": dispatch.agent_id})
         else:
-            reason = "its agents finished" if awaited else "resumed"
+            reason = "its agents finished" if awaited else "redelivered"
             event_record(type=AGENT_ATTEMPT, dispatch=dispatch,
                          summary=f"{dispatch.agent_id} resumed ({reason})",
                          payload={"sub_agent_id": dispatch.agent_id, "reason": reason, "crashes": dispatch.crashes,

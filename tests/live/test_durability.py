@@ -71,7 +71,7 @@ def test_an_email_then_a_5xx_burst_sends_the_email_once(llm, qcluster, alice, ma
     assert turn.status == "completed", turn.error
     assert burst.failed == 3
     mailer = AgentDispatch.objects.get(turn=turn, agent_id="mailer")
-    assert (mailer.outcome, mailer.retries, mailer.attempts) == ("completed", 1, 1)
+    assert (mailer.outcome, mailer.retries, mailer.crashes) == ("completed", 1, 0)
     assert len(list(mail.iterdir())) == 1 and OutboxEmail.objects.count() == 1
     assert SkillExecution.objects.filter(dispatch=mailer).count() == 1
     asked = [r for r in llm.requests if is_agent(r, "mailer")]
@@ -164,7 +164,7 @@ def test_the_token_budget_holds_across_a_retry_and_a_redelivery(llm, qcluster, a
     assert_settled(turn)
     reader.refresh_from_db()
     assert reader.outcome == "budget_exceeded" and "token budget of 350 spent" in reader.result
-    assert (reader.attempts, reader.retries, reader.tool_calls_used) == (2, 1, 3)
+    assert (reader.crashes, reader.retries, reader.tool_calls_used) == (1, 1, 3)
     assert LLMCall.objects.filter(dispatch=reader).count() == 3
     assert reader.prompt_tokens + reader.completion_tokens == 360
     assert SkillExecution.objects.filter(dispatch=reader).count() == 3
@@ -191,7 +191,7 @@ def test_the_wall_clock_holds_across_a_redelivery(llm, qcluster, alice, limits):
     assert turn.status == "completed", turn.error
     slow.refresh_from_db()
     assert slow.outcome == "timeout" and "wall-clock limit of 4s" in slow.error
-    assert slow.attempts == 2
+    assert slow.crashes == 1
     assert [tool_results_in(r) for r in llm.requests if is_agent(r, "slow")] == [0, 1]  # none after the kill
     assert SkillExecution.objects.filter(dispatch=slow).count() == 1
     assert llm.errors == []

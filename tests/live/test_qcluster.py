@@ -112,7 +112,7 @@ def test_diamond_survives_sigkill_mid_agent(llm, qcluster, alice, tmp_path):
     assert worker in cluster.descendants()
     assert worker not in (cluster.pid, os.getpid())
     c = AgentDispatch.objects.get(turn=turn, agent_id="c")
-    assert c.state == "running" and c.attempts == 1
+    assert c.state == "running" and c.crashes == 0
     assert len(os.listdir(mail_dir)) == 1  # the email went out before the kill
     os.kill(worker, signal.SIGKILL)
 
@@ -131,7 +131,7 @@ def test_diamond_survives_sigkill_mid_agent(llm, qcluster, alice, tmp_path):
     assert {(d.state, d.outcome) for d in dispatches.values()} == {("closed", "completed")}
     assert not AgentDispatch.objects.filter(state="running").exists()
     c = dispatches["c"]
-    assert c.attempts == 2
+    assert c.crashes == 1
     assert dispatches["d"].started_at >= c.finished_at
     # The email ran once: the replay returned the stored result of the same tool call.
     assert len(os.listdir(mail_dir)) == 1

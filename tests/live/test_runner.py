@@ -150,7 +150,7 @@ def test_the_task_timeout_cannot_kill_agents_in_flight(llm, qcluster, alice):
     assert_settled(turn)
     assert turn.status == "completed", turn.error
     assert "reincarnated worker" not in cluster.log()
-    assert {d.attempts for d in AgentDispatch.objects.filter(turn=turn)} == {1}
+    assert {d.crashes for d in AgentDispatch.objects.filter(turn=turn)} == {0}
     assert llm.errors == []
 
 
@@ -186,5 +186,5 @@ def test_two_qclusters_share_one_turns_agents(llm, qcluster, alice):
     assert all(len(owners) == 1 for owners in ran_by.values()), ran_by  # no agent on both
     assert len(set().union(*ran_by.values())) == 2, ran_by  # both clusters took some
     assert SkillExecution.objects.filter(dispatch__turn=turn).count() == 6
-    assert {d.attempts for d in AgentDispatch.objects.filter(turn=turn)} == {1}
+    assert {d.crashes for d in AgentDispatch.objects.filter(turn=turn)} == {0}
     assert llm.errors == []
