@@ -2,7 +2,7 @@
 
 Blank or unknown means settings.TIME_ZONE. Reading it is the engine's
 (orchestration/zones.py), which snapshots the zone into each turn
-(orchestration/turns.py), so skills and prompts read "tomorrow at 2pm" in it.
+(orchestration/lifecycle/turns.py), so skills and prompts read "tomorrow at 2pm" in it.
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ AUTHENTICATION_BACKENDS = ["axes.backends.AxesBackend", "django.contrib.auth.bac
 # Background work: django-q2 always on its ORM broker (DESIGN.md §4: at-least-once
 # delivery; the engine's leases and idempotency keys make a second delivery harmless).
 # `timeout` must stay below `retry`, or a slow task is handed out twice while it runs.
-# A worker process does not wait on the model: its runner (orchestration/runner.py) has up
+# A worker process does not wait on the model: its runner (orchestration/delivery/runner.py) has up
 # to ASSISTANT_AGENTS_IN_FLIGHT / Q_WORKERS agents and orchestrator steps in flight at once,
 # each awaiting its model call. So Q_WORKERS bounds CPU work: about one per core.
 Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1)
@@ -224,14 +224,14 @@ ASSISTANT_RUNNER_SKILL_THREADS = env_int("ASSISTANT_RUNNER_SKILL_THREADS", 6, mi
 ASSISTANT_RUNNER_DRAIN_SECONDS = env_float("ASSISTANT_RUNNER_DRAIN_SECONDS", 10.0, minimum=0)
 # A step that meets a transient database error (the server restarting, a lost connection,
 # a deadlock) tries again on a fresh connection for this long before leaving the work to
-# its lease (orchestration/dbretry.py).
+# its lease (orchestration/delivery/dbretry.py).
 ASSISTANT_DB_RETRY_SECONDS = env_float("ASSISTANT_DB_RETRY_SECONDS", 60.0, minimum=0)
 Q_TIMEOUT = env_int("Q_TIMEOUT", 600, minimum=1)
 Q_CLUSTER = {
     "name": "assistant",
     "orm": "default",
-    # the ORM broker, woken by LISTEN/NOTIFY on PostgreSQL (orchestration/broker.py)
-    "broker_class": "orchestration.broker.NotifyingORM",
+    # the ORM broker, woken by LISTEN/NOTIFY on PostgreSQL (orchestration/delivery/broker.py)
+    "broker_class": "orchestration.delivery.broker.NotifyingORM",
     "workers": Q_WORKERS,
     "timeout": Q_TIMEOUT,
     "retry": Q_TIMEOUT + 60,
@@ -263,7 +263,7 @@ ASSISTANT_AGENT_MODEL = env_str("ASSISTANT_AGENT_MODEL", "gpt-4o-mini")
 ASSISTANT_LLM_TIMEOUT_SECONDS = env_float("ASSISTANT_LLM_TIMEOUT_SECONDS", 60.0, minimum=1)
 ASSISTANT_LLM_MAX_RETRIES = env_int("ASSISTANT_LLM_MAX_RETRIES", 2)
 # When a call still fails after the SDK's retries, the engine waits this long before its
-# own first retry (LIMIT_*_MAX_RETRIES of them), doubling each time (orchestration/retries.py).
+# own first retry (LIMIT_*_MAX_RETRIES of them), doubling each time (orchestration/engine/retries.py).
 ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = env_float("ASSISTANT_LLM_RETRY_BACKOFF_SECONDS", 1.0, minimum=0)
 # The orchestrator's calls stream (Chat Completions stream=true), so its answer shows in
 # the chat as it is written; a server that cannot stream gets plain calls instead.

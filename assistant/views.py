@@ -16,13 +16,12 @@ from assistant.live import panel_context, replay_floor
 from assistant.preferences import InvalidTimeZone, preferences_time_zone_set
 from assistant.ratelimits import CONVERSATION, MESSAGE, RateLimited, rate_limited
 from orchestration import services
+from orchestration.lifecycle.turns import TurnRefused, turn_start, turn_stop
 from orchestration.questions.approvals import approval_answer
 from orchestration.questions.pauses import AlreadyAnswered, turn_continue
-from orchestration.records import audit
-from orchestration.reports import selectors
+from orchestration.reports import audit, selectors
 from orchestration.reports.retention import DeletionRefused, conversation_delete, conversation_deletion_summary
 from orchestration.reports.waterfall import turn_waterfall
-from orchestration.turns import TurnRefused, turn_start, turn_stop
 from orchestration.zones import time_zone_names, user_time_zone
 from skills import egress, rules
 from skills.models import EgressAllow, SkillRule

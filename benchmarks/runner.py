@@ -12,12 +12,12 @@ from django.db import connection
 from django.utils import timezone
 from django_q.conf import Conf
 
-from benchmarks.listen import SocketListener
 from benchmarks.handoffs import handoff_seconds
+from benchmarks.listen import SocketListener
 from benchmarks.load import Daphne, cpu_seconds, latency_figures, services_cpu
 from benchmarks.workloads import Workload, wide
+from orchestration.lifecycle.turns import turn_start
 from orchestration.models import AgentDispatch, Conversation, Event, SkillExecution, Turn, TurnStatus
-from orchestration.turns import turn_start
 from tests.support.llm_server import ScriptedLLM
 from tests.support.processes import Cluster, pss_mb
 
@@ -153,7 +153,7 @@ def queries_per_agent_step(*, server: ScriptedLLM, agents: int) -> float:
     Inline, a task enqueued by another runs nested inside it; each query is counted for
     the innermost task only, so an agent is not charged for the orchestrator it wakes.
     """
-    from orchestration import tasks
+    from orchestration.worker import tasks
 
     workload = wide(agents)
     server.respond, server.latency = workload.plan(), 0

@@ -51,8 +51,8 @@ from django.test import override_settings
 from django.utils import timezone
 from django_q.conf import Conf
 
+from orchestration.lifecycle.turns import turn_start
 from orchestration.models import Conversation, Turn
-from orchestration.turns import turn_start
 from skills.registry import catalogue
 from tests.support.llm_server import Reply, ScriptedLLM, calls, text
 

@@ -23,13 +23,13 @@ from orchestration.budgets.pricing import format_usd
 from orchestration.budgets.spending import spend_use
 from orchestration.budgets.usage import turn_spend
 from orchestration.models import (
-    SkillApproval,
     AgentDispatch,
     AgentProfile,
     Conversation,
     Event,
     LLMCall,
     Message,
+    SkillApproval,
     SkillExecution,
     SpendAllowance,
     Turn,

@@ -9,10 +9,10 @@ class OrchestrationConfig(AppConfig):
         from django_q.signals import post_spawn
 
         from orchestration import checks  # noqa: F401 - registers the system checks
-        from orchestration import taskqueue
+        from orchestration.delivery import taskqueue
 
         taskqueue.install()  # before a qcluster creates its queue and forks its workers
 
-        from orchestration.warmup import warm_up
+        from orchestration.worker.warmup import warm_up
 
         post_spawn.connect(warm_up, dispatch_uid="orchestration-warm-up")

@@ -1,6 +1,6 @@
 """A user's time zone as the engine reads it: blank or unknown means settings.TIME_ZONE.
 
-The engine snapshots the zone into each turn (orchestration/turns.py), so skills and
+The engine snapshots the zone into each turn (orchestration/lifecycle/turns.py), so skills and
 prompts read "tomorrow at 2pm" in it, and a spend period keeps the zone it started in
 (orchestration/budgets/spending.py). The zone is stored on the user's preferences row
 (`user.preferences`, the assistant app's), which the assistant sets

@@ -189,7 +189,7 @@ def test_the_heading_takes_the_title_live(alice):
     """The socket holds the conversation from before its first request: the push names it."""
     from assistant.live import render_events
     from orchestration.models import Conversation, Event
-    from orchestration.turns import turn_start
+    from orchestration.lifecycle.turns import turn_start
 
     held = conversation_for(alice, title="")
     turn_start(conversation=Conversation.objects.get(pk=held.pk), text="add a task:\n  renew   passport")

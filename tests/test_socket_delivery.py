@@ -136,7 +136,7 @@ DRAFT = re.compile(r'<div id="answer-draft"[^>]*hx-swap-oob="true"[^>]*>(.*?)</d
 
 
 def save_draft(turn, text: str) -> None:
-    from orchestration.turns import turn_draft_save
+    from orchestration.lifecycle.turns import turn_draft_save
 
     turn.lease_token = "worker"
     turn.save(update_fields=["lease_token"])
@@ -163,7 +163,7 @@ async def test_the_socket_pushes_the_answer_as_it_streams_and_stops_when_the_tur
     assert await comm.receive_nothing(timeout=0.5)  # unchanged: not sent again
 
     def complete():
-        from orchestration.turns import turn_complete
+        from orchestration.lifecycle.turns import turn_complete
         from orchestration.records.history import message_append
 
         answer = message_append(turn=turn, role="assistant", content="Bob has the list.")
@@ -198,7 +198,7 @@ async def test_another_users_socket_gets_no_draft(started, bob):
 
 
 def test_a_draft_of_a_stopped_or_taken_over_turn_is_not_written(started):
-    from orchestration.turns import turn_draft_save
+    from orchestration.lifecycle.turns import turn_draft_save
 
     conversation, turn, _ = started
     turn_draft_save(turn=turn, token="not-the-lease", text="stale")

@@ -96,7 +96,7 @@ def _timed(workloads, latency, workers, second_cluster, repeat, output, setup) -
     try:
         web.wait_ready()
         clusters[0].wait_ready()
-        warm = clusters[0].wait_warm(workers)  # workers warm up after spawning (orchestration/warmup.py)
+        warm = clusters[0].wait_warm(workers)  # workers warm up after spawning (orchestration/worker/warmup.py)
         say(f"{setup}: daphne and a qcluster of {workers} workers (warm after {warm:.1f}s); "
             f"logs in {logs}")
 

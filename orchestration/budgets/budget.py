@@ -24,7 +24,7 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from orchestration.budgets.limits import Limits, LimitTripped
-from orchestration.leases import heartbeat
+from orchestration.delivery.leases import heartbeat
 from orchestration.models import AgentDispatch, Conversation, DispatchState, Event, Turn
 from orchestration.records.catalogue import SKILL_STARTED
 from orchestration.records.events import event_record

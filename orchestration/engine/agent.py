@@ -24,8 +24,6 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from orchestration import dispatches as lifecycle
-from orchestration import runner
 from orchestration.budgets.budget import reserve_skill_call
 from orchestration.budgets.limits import Limits
 from orchestration.budgets.pricing import call_cost
@@ -39,7 +37,10 @@ from orchestration.budgets.spending import (
     spend_reserve,
     spend_settle,
 )
-from orchestration.delegation import (
+from orchestration.delivery import runner
+from orchestration.delivery.leases import LeaseLost, lease_until, new_token
+from orchestration.engine import steps
+from orchestration.engine.delegation import (
     can_delegate,
     dispatch_create,
     dispatch_result_json,
@@ -47,13 +48,19 @@ from orchestration.delegation import (
     profiles_by_name,
     reserve_agents,
 )
-from orchestration.engine import steps
+from orchestration.engine.prompts import agent_system_prompt, agent_task_message, user_local_time
 from orchestration.engine.steps import Next
+from orchestration.engine.toolcalls import error_json, load_json, parse_arguments
+from orchestration.engine.tooldefs import (
+    DISPATCH_AGENT,
+    GET_AGENT_RESULTS,
+    delegation_tools,
+    get_agent_results_parameters,
+)
 from orchestration.engine.toolids import unique_ids
-from orchestration.leases import LeaseLost, lease_until, new_token
+from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
-from orchestration.prompts import agent_system_prompt, agent_task_message, user_local_time
 from orchestration.questions import approvals
 from orchestration.questions.pauses import turn_pause
 from orchestration.records.catalogue import (
@@ -65,8 +72,6 @@ from orchestration.records.catalogue import (
     SKILL_FINISHED,
 )
 from orchestration.records.events import event_record
-from orchestration.toolcalls import error_json, load_json, parse_arguments
-from orchestration.tooldefs import DISPATCH_AGENT, GET_AGENT_RESULTS, delegation_tools, get_agent_results_parameters
 from skills.executor import SkillOutcome, execute_skill
 from skills.tools import use_skill_tool
 

@@ -2,7 +2,7 @@
 
     claim → [ replay the stored answer, or: check → ask the model → store it ] → act → next
 
-A delivery (orchestration/tasks.py) claims the work; then each step either replays an
+A delivery (orchestration/worker/tasks.py) claims the work; then each step either replays an
 answer an earlier delivery stored or asks the model and stores the answer before
 anything acts on it; acting on its tool calls returns the next step (steps.py): ask
 again, done, wait for agents, pause, hand back, or stop. `Work.end` writes how the
@@ -10,7 +10,7 @@ delivery ended, once, whatever it was. A role (engine/orchestrator.py, engine/ag
 provides the methods; this file is the only place that sequences them.
 
 Only the model call is awaited here. Every database step runs on the runner's database
-threads; acting on skill calls runs on its skill threads (orchestration/runner.py), so a
+threads; acting on skill calls runs on its skill threads (orchestration/delivery/runner.py), so a
 slow skill never holds up another agent's bookkeeping.
 
 Transient database errors (a restarting server, a lost connection, a deadlock) retry:
@@ -27,14 +27,14 @@ import logging
 from itertools import count
 from typing import Protocol
 
-from orchestration import runner
 from orchestration.budgets.limits import LimitTripped
-from orchestration.dbretry import Retrying, is_transient
+from orchestration.delivery import runner
+from orchestration.delivery.dbretry import Retrying, is_transient
+from orchestration.delivery.leases import LeaseLost
 from orchestration.engine import steps
+from orchestration.engine.retries import complete_retrying
 from orchestration.engine.steps import Kind, Next
-from orchestration.leases import LeaseLost
 from orchestration.llm import LLMError, LLMResponse
-from orchestration.retries import complete_retrying
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ async def _steps(work: Work) -> Next:
 
 async def _ask(work: Work, step: int) -> tuple[LLMResponse, int]:
     """The model's answer for this step, asked again (after a wait) while it fails
-    transiently and the role's retries last (orchestration/retries.py)."""
+    transiently and the role's retries last (orchestration/engine/retries.py)."""
 
     async def before_retry(retry: int, exc: LLMError, delay: float) -> None:
         if (stop := await db_retrying(work.record_retry, retry, exc, delay, step)) is not None:

@@ -17,27 +17,23 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
-from orchestration import dispatches as lifecycle
-from orchestration import runner
 from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.budgets.pricing import call_cost
 from orchestration.budgets.spending import Reservation, spend_release, spend_reserve, spend_settle
-from orchestration.delegation import dispatch_create, dispatch_result_json, plan_batch, profiles_by_name, reserve_agents
+from orchestration.delivery import runner
+from orchestration.delivery.leases import LeaseLost, lease_until, new_token
 from orchestration.engine import steps
+from orchestration.engine.delegation import (
+    dispatch_create,
+    dispatch_result_json,
+    plan_batch,
+    profiles_by_name,
+    reserve_agents,
+)
+from orchestration.engine.prompts import orchestrator_system_prompt, user_local_time
 from orchestration.engine.steps import Next
-from orchestration.engine.toolids import unique_ids
-from orchestration.leases import LeaseLost, lease_until, new_token
-from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
-from orchestration.llm.base import tool_call_message
-from orchestration.models import LLMCall, Message, Turn, TurnStatus
-from orchestration.prompts import orchestrator_system_prompt, user_local_time
-from orchestration.questions.pauses import turn_pause
-from orchestration.records.catalogue import ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
-from orchestration.records.events import event_record
-from orchestration.records.history import llm_messages, message_append, messages_append, pending_tool_calls
-from orchestration.records.output import output_limit, text_bounded
-from orchestration.toolcalls import error_json, parse_arguments
-from orchestration.tooldefs import (
+from orchestration.engine.toolcalls import error_json, parse_arguments
+from orchestration.engine.tooldefs import (
     DISPATCH_AGENT,
     GET_AGENT_RESULTS,
     GET_SKILL,
@@ -46,7 +42,17 @@ from orchestration.tooldefs import (
     get_skill_parameters,
     orchestrator_tools,
 )
-from orchestration.turns import turn_complete, turn_draft_save, turn_fail
+from orchestration.engine.toolids import unique_ids
+from orchestration.lifecycle import dispatches as lifecycle
+from orchestration.lifecycle.turns import turn_complete, turn_draft_save, turn_fail
+from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
+from orchestration.llm.base import tool_call_message
+from orchestration.models import LLMCall, Message, Turn, TurnStatus
+from orchestration.questions.pauses import turn_pause
+from orchestration.records.catalogue import ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
+from orchestration.records.events import event_record
+from orchestration.records.history import llm_messages, message_append, messages_append, pending_tool_calls
+from orchestration.records.output import output_limit, text_bounded
 from skills.registry import catalogue, get_skill_tool_result
 
 logger = logging.getLogger(__name__)

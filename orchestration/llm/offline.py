@@ -22,7 +22,7 @@ BANNER = "*(Offline planner — no LLM API key is configured, so this answer was
 PLAN_MARKER = "Planned call: "
 PRIOR_PLACEHOLDER = "{{prior_results}}"
 EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
-# The user's date as the system prompt gives it (orchestration/prompts.py user_local_time).
+# The user's date as the system prompt gives it (orchestration/engine/prompts.py user_local_time).
 LOCAL_DATE_RE = re.compile(r"^The user's local time: \w+ (\d{4}-\d{2}-\d{2}) ", re.M)
 TIME_RE = re.compile(r"\b(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)\b|\bat\s+(\d{1,2}):(\d{2})\b", re.I)
 

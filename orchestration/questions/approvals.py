@@ -31,8 +31,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from orchestration import dispatches as lifecycle
 from orchestration.budgets.limits import LimitTripped
+from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.models import AgentDispatch, SkillApproval, Turn, TurnPause, TurnStatus
 from orchestration.questions.pauses import APPROVAL, AlreadyAnswered, turn_resume
 from orchestration.records.catalogue import APPROVAL_DECIDED
@@ -141,7 +141,7 @@ def approval_answer(*, turn: Turn, user, approval_id: int, digest: str | None, a
     a second click, or a tab still showing an answered question, posts an answer that
     is no longer the waiting one, and must not land on the call asked next (StaleAnswer).
     """
-    from orchestration.turns import TurnRefused
+    from orchestration.lifecycle.turns import TurnRefused
 
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn.pk)

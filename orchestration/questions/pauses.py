@@ -14,9 +14,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import formats, timezone
 
-from orchestration import dispatches as lifecycle
 from orchestration.budgets.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.budgets.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
+from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
 from orchestration.records.catalogue import LIMIT_TRIPPED, TURN_PAUSED, TURN_RESUMED
 from orchestration.records.events import event_record
@@ -175,7 +175,7 @@ class AlreadyAnswered(Exception):
 
 def turn_continue(*, turn: Turn, user) -> Turn:
     """Grant a fresh budget of the tripped kind and resume. Only the owner; only once."""
-    from orchestration.turns import TurnRefused
+    from orchestration.lifecycle.turns import TurnRefused
 
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn.pk)

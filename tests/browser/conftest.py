@@ -106,7 +106,7 @@ class Reaper(threading.Thread):
     def run(self):
         from django.db import connection
 
-        from orchestration.reaper import reap_expired
+        from orchestration.lifecycle.reaper import reap_expired
 
         try:
             while not self.stopping.wait(1.0):

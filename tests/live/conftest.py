@@ -106,7 +106,7 @@ def qcluster(transactional_db, llm, tmp_path, monkeypatch, settings) -> Callable
     # The reaper's schedule (migration 0002) would run inside the cluster 30 s after it
     # starts, in whichever test is first on a fresh database; tests that need the reaper
     # call reap_expired() themselves, at a known moment.
-    Schedule.objects.filter(func="orchestration.reaper.reap_expired").delete()
+    Schedule.objects.filter(func="orchestration.lifecycle.reaper.reap_expired").delete()
     started: list[Cluster] = []
 
     def start(*, workers: int = 4, env: dict[str, str] | None = None) -> Cluster:

@@ -16,7 +16,7 @@ import pytest
 
 from orchestration.models import AgentDispatch, SkillApproval, SkillExecution
 from orchestration.questions.approvals import approval_answer
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from skills.domains.email.models import OutboxEmail
 from tests.conftest import APPROVALS_ON_ENV
 from tests.factories import conversation_for

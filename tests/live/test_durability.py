@@ -20,8 +20,8 @@ import pytest
 from django.utils import timezone
 
 from orchestration.models import AgentDispatch, LLMCall, SkillExecution
-from orchestration.reaper import reap_expired
-from orchestration.turns import turn_start
+from orchestration.lifecycle.reaper import reap_expired
+from orchestration.lifecycle.turns import turn_start
 from skills.domains.email.models import OutboxEmail
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for

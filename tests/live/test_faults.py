@@ -29,8 +29,8 @@ from django_q.models import OrmQ
 from django_q.tasks import async_task
 
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Event, Message, SkillExecution, Turn
-from orchestration.reaper import reap_expired
-from orchestration.turns import turn_start
+from orchestration.lifecycle.reaper import reap_expired
+from orchestration.lifecycle.turns import turn_start
 from skills.domains.email.models import OutboxEmail
 from tests.checks import assert_ended_turns_closed
 from tests.factories import conversation_for

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 def test_load_driver_users_see_every_event(llm, tmp_path, capsys):
     # as the qcluster fixture does: the reaper's schedule must not fire in the middle
-    Schedule.objects.filter(func="orchestration.reaper.reap_expired").delete()
+    Schedule.objects.filter(func="orchestration.lifecycle.reaper.reap_expired").delete()
     config = LoadConfig(users=3, duration=10, latency_ms=50, workers=3, agents=2, turns_per_conversation=2,
                         ramp=1, think=0.2, turn_timeout=60, progress_every=5)
 

@@ -17,8 +17,8 @@ from django.utils import timezone
 from django_q.models import OrmQ
 
 from orchestration.models import AgentDispatch, Event, SkillExecution, Turn, TurnPause
-from orchestration.reaper import reap_expired
-from orchestration.turns import turn_start
+from orchestration.lifecycle.reaper import reap_expired
+from orchestration.lifecycle.turns import turn_start
 from skills.domains.email.models import OutboxEmail
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for

@@ -15,7 +15,7 @@ import pytest
 
 from orchestration.models import Turn
 from orchestration.reports.retention import user_delete
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from tests.checks import references
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for

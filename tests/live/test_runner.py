@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import connection
 
 from orchestration.models import AgentDispatch, LLMCall, SkillExecution
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
 from tests.live.test_faults import assert_settled, wait_turn_reaping

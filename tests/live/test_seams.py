@@ -21,7 +21,7 @@ from django.contrib.auth import get_user_model
 
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Event, SkillExecution, TurnPause
 from orchestration.questions.pauses import turn_continue
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
 from tests.live.mail import sends_begun

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from orchestration.models import SkillExecution
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from skills.models import CalendarEvent, SkillCircuit
 from tests.factories import conversation_for
 from tests.live.test_qcluster import wait_turn

@@ -16,7 +16,7 @@ from django_q.models import OrmQ
 
 from orchestration.models import AgentDispatch, LLMCall, SpendAllowance, SpendCounter, Turn, TurnPause
 from orchestration.questions.pauses import turn_continue
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from tests.factories import conversation_for
 from tests.live.conftest import wait_for
 from tests.support.llm_server import Agent, Plan

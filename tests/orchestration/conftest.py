@@ -8,7 +8,7 @@ from django.utils.module_loading import import_string
 from django_q.conf import Conf
 
 from orchestration.models import Turn
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from tests.checks import assert_ended_turns_closed
 from tests.factories import conversation_for
 from tests.support.llm_server import ScriptedLLM
@@ -31,7 +31,7 @@ def llm(settings, monkeypatch):
 def default_profiles(request):
     """Data migrations' rows do not survive transactional tests' flushes: put them back."""
     if "db" in request.fixturenames or "transactional_db" in request.fixturenames:
-        from orchestration.profiles import install_default_profiles
+        from orchestration.engine.profiles import install_default_profiles
 
         install_default_profiles()
 
@@ -60,7 +60,7 @@ def queued(monkeypatch, transactional_db):
     """Tasks go to a list instead of running inline; `drain()` runs them in order, one at
     a time, like a single worker would (`drain(1)`: only the next one)."""
     tasks: list[tuple[str, tuple]] = []
-    monkeypatch.setattr("orchestration.tasks.async_task", lambda func, *args: tasks.append((func, args)))
+    monkeypatch.setattr("orchestration.delivery.queue.async_task", lambda func, *args: tasks.append((func, args)))
 
     def drain(limit: int = 100) -> list[str]:
         ran = []

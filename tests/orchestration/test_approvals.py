@@ -18,7 +18,7 @@ from django.utils import timezone
 from orchestration.models import AgentDispatch, Event, Message, SkillApproval, SkillExecution, TurnPause
 from orchestration.questions.approvals import StaleAnswer, approval_answer, call_digest, rule_offered
 from orchestration.questions.pauses import AlreadyAnswered, turn_continue
-from orchestration.turns import TurnRefused
+from orchestration.lifecycle.turns import TurnRefused
 from skills.domains.email.models import OutboxEmail
 from skills.domains.files.workspace import workspace_root
 from skills.domains.memory.models import Memory

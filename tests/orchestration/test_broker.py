@@ -1,4 +1,4 @@
-"""The queue broker (orchestration/broker.py): django-q2's ORM broker, woken by
+"""The queue broker (orchestration/delivery/broker.py): django-q2's ORM broker, woken by
 LISTEN/NOTIFY on PostgreSQL. A real qcluster uses it in tests/live."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from django.db import connection
 from django_q.brokers import get_broker
 from django_q.models import OrmQ
 
-from orchestration import broker as broker_module
-from orchestration.broker import NotifyingORM
+from orchestration.delivery import broker as broker_module
+from orchestration.delivery.broker import NotifyingORM
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

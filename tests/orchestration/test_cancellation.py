@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from orchestration.models import AgentDispatch, Event, LLMCall, SkillExecution
-from orchestration.turns import turn_stop
+from orchestration.lifecycle.turns import turn_stop
 from skills.domains.tasks.models import Task
 from tests.support.llm_server import Agent, Plan, agent_of
 

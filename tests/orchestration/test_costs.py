@@ -18,7 +18,7 @@ from django.urls import reverse
 
 from orchestration.budgets.usage import conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, AgentProfile, LLMCall
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from tests.support.llm_server import Reply, agent_of, calls, text
 
 pytestmark = pytest.mark.django_db(transaction=True)

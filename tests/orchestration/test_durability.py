@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from orchestration.models import AgentDispatch, Event, LLMCall, SkillExecution, TurnPause
 from orchestration.questions.pauses import turn_continue
-from orchestration.turns import turn_start, turn_stop
+from orchestration.lifecycle.turns import turn_start, turn_stop
 from skills import registry
 from skills.base import Domain, Skill
 from skills.executor import execute_skill

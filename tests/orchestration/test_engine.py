@@ -336,7 +336,7 @@ def test_history_holds_orchestrator_traffic_not_agent_traces(llm, run_turn):
 
 
 def test_second_message_while_running_is_refused(transactional_db, alice):
-    from orchestration.turns import TurnRefused, turn_start
+    from orchestration.lifecycle.turns import TurnRefused, turn_start
     from tests.factories import conversation_for
 
     conversation = conversation_for(alice)

@@ -35,10 +35,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from orchestration import dispatches as lifecycle
+from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.budgets.budget import reserve_skill_call
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Event, SkillExecution, TurnStatus
-from orchestration.reaper import reap_expired
+from orchestration.lifecycle.reaper import reap_expired
 from orchestration.records.events import event_record
 from orchestration.engine.agent import Agent, _finish
 from orchestration.llm import Usage
@@ -269,7 +269,7 @@ class DispatchLifecycle(RuleBasedStateMachine):
 @pytest.fixture
 def no_queue(monkeypatch):
     """Whatever the reaper or the scheduler enqueues is dropped: the machine is the worker."""
-    monkeypatch.setattr("orchestration.tasks.async_task", lambda *args, **kwargs: None)
+    monkeypatch.setattr("orchestration.delivery.queue.async_task", lambda *args, **kwargs: None)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from django.urls import reverse
 
 from orchestration.models import AgentDispatch, Event, SkillExecution, TurnPause
 from orchestration.questions.pauses import AlreadyAnswered, pause_question, pause_words_of, turn_continue
-from orchestration.turns import TurnRefused, turn_start, turn_stop
+from orchestration.lifecycle.turns import TurnRefused, turn_start, turn_stop
 from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
 from tests.support.llm_server import Agent, Plan, calls, text

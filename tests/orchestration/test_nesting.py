@@ -8,7 +8,7 @@ import pytest
 
 from orchestration.models import AgentDispatch, AgentProfile, Event, TurnPause
 from orchestration.questions.pauses import turn_continue
-from orchestration.turns import turn_start
+from orchestration.lifecycle.turns import turn_start
 from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
 from tests.support.llm_server import Reply, agent_of, calls, text
@@ -315,8 +315,8 @@ def test_a_parent_that_reports_first_cancels_its_open_children(llm, queued, alic
 
 
 def test_reaper_wakes_a_parent_whose_wake_up_was_lost(llm, queued, alice, lead_profile, monkeypatch):
-    from orchestration import dispatches
-    from orchestration.reaper import reap_expired
+    from orchestration.lifecycle import dispatches
+    from orchestration.lifecycle.reaper import reap_expired
 
     llm.respond = script(
         orchestrator=orchestrator_for_lead(["tasks.create"]),
@@ -351,7 +351,7 @@ def test_reaper_wakes_a_parent_whose_wake_up_was_lost(llm, queued, alice, lead_p
 def test_stop_cancels_the_whole_tree(llm, queued, alice, lead_profile):
     from django.db import connection
 
-    from orchestration.turns import turn_stop
+    from orchestration.lifecycle.turns import turn_stop
 
     inner = script(
         orchestrator=orchestrator_for_lead(["tasks.create"]),

@@ -28,8 +28,8 @@ from orchestration.models import (
 )
 from orchestration.questions.approvals import approval_answer, rule_offered
 from orchestration.questions.pauses import APPROVAL, turn_continue
-from orchestration.reaper import reap_expired
-from orchestration.turns import turn_complete, turn_fail, turn_start, turn_stop
+from orchestration.lifecycle.reaper import reap_expired
+from orchestration.lifecycle.turns import turn_complete, turn_fail, turn_start, turn_stop
 from skills.domains.calendar.models import CalendarEvent
 from skills.domains.files.workspace import workspace_root
 from skills.domains.tasks.models import Task

@@ -10,9 +10,9 @@ import pytest
 from django.utils import timezone
 
 from orchestration.models import AgentDispatch, DispatchState, TurnStatus
-from orchestration.reaper import reap_expired
+from orchestration.lifecycle.reaper import reap_expired
 from orchestration.engine.agent import Agent
-from orchestration.tasks import enqueue_subagent
+from orchestration.delivery.queue import enqueue_subagent
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def queue(monkeypatch) -> list[tuple[str, tuple]]:
     sent: list[tuple[str, tuple]] = []
-    monkeypatch.setattr("orchestration.tasks.async_task", lambda func, *args: sent.append((func, args)))
+    monkeypatch.setattr("orchestration.delivery.queue.async_task", lambda func, *args: sent.append((func, args)))
     return sent
 
 
@@ -43,7 +43,7 @@ def test_work_unclaimed_for_longer_than_a_lease_is_queued_again_once(
         counts = reap_expired()
 
     assert counts["queued_again"] == 1
-    assert queue == [("orchestration.tasks.subagent_run", (lost.pk,))]
+    assert queue == [("orchestration.worker.tasks.subagent_run", (lost.pk,))]
     lost.refresh_from_db()
     assert lost.queued_at > _ago(5)  # stamped again: not re-queued on every pass
     with django_capture_on_commit_callbacks(execute=True):
@@ -77,7 +77,7 @@ def _expire(dispatch_or_turn) -> None:
 def test_pauses_continues_and_hand_backs_count_no_crash(alice, queue, settings, django_capture_on_commit_callbacks):
     """A dispatch given back five times (pauses, Continues, a process ending) has crashed
     none of them: the allowance is for workers that die."""
-    from orchestration import dispatches as lifecycle
+    from orchestration.lifecycle import dispatches as lifecycle
 
     settings.ASSISTANT_MAX_STEP_ATTEMPTS = 3
     turn = turn_for(conversation_for(alice), status=TurnStatus.RUNNING, lease_token="orchestrator",
@@ -123,7 +123,7 @@ def test_an_orchestrator_whose_worker_died_is_queued_again_and_counted(alice, qu
         assert reap_expired()["crashes"] == 1
     turn.refresh_from_db()
     assert (turn.crashes, turn.lease_token) == (1, "")
-    assert ("orchestration.tasks.orchestrator_step", (turn.pk,)) in queue
+    assert ("orchestration.worker.tasks.orchestrator_step", (turn.pk,)) in queue
 
 
 def test_a_runnable_agent_nobody_queued_is_found(alice, queue, django_capture_on_commit_callbacks):
@@ -134,4 +134,4 @@ def test_a_runnable_agent_nobody_queued_is_found(alice, queue, django_capture_on
     stranded = dispatch_for(turn, "stranded", skills=["tasks.create"])
     with django_capture_on_commit_callbacks(execute=True):
         assert reap_expired()["queued_again"] == 1
-    assert queue == [("orchestration.tasks.subagent_run", (stranded.pk,))]
+    assert queue == [("orchestration.worker.tasks.subagent_run", (stranded.pk,))]

@@ -31,7 +31,7 @@ from orchestration.models import (
     TurnPause,
     retention_deleting,
 )
-from orchestration.records.audit import conversation_audit
+from orchestration.reports.audit import conversation_audit
 from orchestration.reports.retention import DeletionRefused, age_parse, conversation_delete
 from tests.factories import conversation_for, dispatch_for, turn_for
 

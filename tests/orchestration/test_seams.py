@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration import dispatches as lifecycle
+from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.budgets.limits import LimitTripped
 from orchestration.engine import steps
 from orchestration.engine.agent import Agent
 from orchestration.engine.orchestrator import Orchestrator
 from orchestration.models import AgentDispatch, DispatchState, Turn, TurnStatus
 from orchestration.questions.pauses import turn_continue, turn_pause
-from orchestration.reaper import reap_expired
+from orchestration.lifecycle.reaper import reap_expired
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,7 +50,7 @@ def test_a_continue_in_the_release_window_queues_the_agent(running_agent, alice,
 
     dispatch = AgentDispatch.objects.get(pk=agent.dispatch.pk)
     assert dispatch.state == DispatchState.CREATED and dispatch.queued_at is not None
-    assert ("orchestration.tasks.subagent_run", (dispatch.pk,)) in queued.tasks
+    assert ("orchestration.worker.tasks.subagent_run", (dispatch.pk,)) in queued.tasks
     assert dispatch.crashes == 0
 
 
@@ -64,7 +64,7 @@ def test_a_continue_after_the_release_queues_the_agent(running_agent, alice, que
 
     turn_continue(turn=Turn.objects.get(pk=turn.pk), user=alice)
 
-    assert ("orchestration.tasks.subagent_run", (dispatch.pk,)) in queued.tasks
+    assert ("orchestration.worker.tasks.subagent_run", (dispatch.pk,)) in queued.tasks
 
 
 def test_an_agent_that_trips_the_limit_pauses_and_lets_go_at_once(running_agent, alice, queued):
@@ -77,7 +77,7 @@ def test_an_agent_that_trips_the_limit_pauses_and_lets_go_at_once(running_agent,
     assert pause.detail["not_started"] == ["worker"] and pause.detail["running"] == []
     queued.tasks.clear()
     turn_continue(turn=turn, user=alice)
-    assert ("orchestration.tasks.subagent_run", (dispatch.pk,)) in queued.tasks
+    assert ("orchestration.worker.tasks.subagent_run", (dispatch.pk,)) in queued.tasks
 
 
 def test_a_delivery_its_paused_turn_refuses_leaves_the_agent_to_the_continue(alice, queued):
@@ -88,7 +88,7 @@ def test_a_delivery_its_paused_turn_refuses_leaves_the_agent_to_the_continue(ali
     assert Agent.claim(dispatch.pk) is None  # the task arrives while the turn is paused
     queued.tasks.clear()
     turn_continue(turn=Turn.objects.get(pk=turn.pk), user=alice)
-    assert ("orchestration.tasks.subagent_run", (dispatch.pk,)) in queued.tasks
+    assert ("orchestration.worker.tasks.subagent_run", (dispatch.pk,)) in queued.tasks
 
 
 def test_the_orchestrator_paused_by_an_agent_keeps_its_call_and_goes_on_after_a_continue(alice, queued):
@@ -106,7 +106,7 @@ def test_the_orchestrator_paused_by_an_agent_keeps_its_call_and_goes_on_after_a_
 
     turn.refresh_from_db()
     assert turn.status == TurnStatus.RUNNING and turn.lease_token == ""
-    assert ("orchestration.tasks.orchestrator_step", (turn.pk,)) in queued.tasks
+    assert ("orchestration.worker.tasks.orchestrator_step", (turn.pk,)) in queued.tasks
 
 
 def test_nothing_is_left_for_the_reaper(running_agent, alice, queued):

@@ -29,7 +29,7 @@ from orchestration.models import LLMCall, SpendAllowance, SpendCounter, TurnPaus
 from orchestration.llm import get_provider
 from orchestration.llm.base import Usage
 from orchestration.questions.pauses import CONTINUES_SPENT, pause_question, pause_words_of, turn_continue
-from orchestration.turns import TurnRefused, turn_stop
+from orchestration.lifecycle.turns import TurnRefused, turn_stop
 from tests.factories import spent
 from tests.support.llm_server import Agent, Plan, Reply, calls, text
 

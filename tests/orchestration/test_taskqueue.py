@@ -13,7 +13,7 @@ import time
 
 from django_q.queues import Queue
 
-from orchestration import taskqueue
+from orchestration.delivery import taskqueue
 
 
 def _take(queue: Queue, out: Queue) -> None:

@@ -16,8 +16,8 @@ import pytest
 
 from assistant.models import Preferences
 from orchestration.models import AgentDispatch, SkillExecution, Turn
-from orchestration.prompts import user_local_time
-from orchestration.turns import turn_start
+from orchestration.engine.prompts import user_local_time
+from orchestration.lifecycle.turns import turn_start
 from skills.domains.calendar.models import CalendarEvent
 from tests.factories import conversation_for
 from tests.support.llm_server import Agent, Plan

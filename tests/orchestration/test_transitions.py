@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestration import dispatches as lifecycle
+from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.models import DispatchState, TurnStatus
 from tests.factories import conversation_for, dispatch_for, turn_for
 

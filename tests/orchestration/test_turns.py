@@ -1,11 +1,11 @@
-"""A conversation's title, made from its first request (orchestration/turns.py)."""
+"""A conversation's title, made from its first request (orchestration/lifecycle/turns.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from orchestration.models import Conversation
-from orchestration.turns import conversation_title, turn_start
+from orchestration.lifecycle.turns import conversation_title, turn_start
 from tests.factories import conversation_for
 
 pytestmark = pytest.mark.django_db
@@ -78,7 +78,7 @@ def test_offline_dispatches_name_the_planner_as_their_model(run_turn, settings):
 def test_a_message_to_a_conversation_deleted_meanwhile_is_refused_not_a_crash(alice):
     """The page loaded the conversation, then its owner deleted it in another tab."""
     from orchestration.reports.retention import conversation_delete
-    from orchestration.turns import TurnRefused
+    from orchestration.lifecycle.turns import TurnRefused
 
     conversation = conversation_for(alice)
     conversation_delete(conversation=Conversation.objects.get(pk=conversation.pk), user=alice)

@@ -98,7 +98,7 @@ def _book(dispatch, tool_call_id: str) -> dt.datetime:
 
 def test_every_path_a_skill_runs_on_gets_the_zone(dispatch):
     """Inline (tests, `ask --sync`), on a runner's database thread (a qcluster worker),
-    and through sync_to_async from a coroutine (orchestration/runner.py `db`): the zone
+    and through sync_to_async from a coroutine (orchestration/delivery/runner.py `db`): the zone
     is set where the handler runs, whatever thread that is."""
     with ThreadPoolExecutor(1) as pool:
         on_a_thread = pool.submit(_book, dispatch, "runner-thread").result()

@@ -189,7 +189,7 @@ class Cluster(ManagedProcess):
     def wait_warm(self, workers: int, *, timeout: float = 60) -> float:
         """Wait until every process of the cluster is spawned and idle; return the seconds.
 
-        Workers warm up when spawned (orchestration/warmup.py: ~2 s of CPU each); a task
+        Workers warm up when spawned (orchestration/worker/warmup.py: ~2 s of CPU each); a task
         queued meanwhile waits for a warm worker, which would distort any timing. A
         process counts as idle when it was runnable in at most 2 of its last 6 samples
         (50 ms apart); warming workers are runnable all along.

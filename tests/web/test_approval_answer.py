@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from orchestration.models import Event, SkillApproval, Turn, TurnPause
-from orchestration.profiles import install_default_profiles
+from orchestration.engine.profiles import install_default_profiles
 from orchestration.questions.approvals import call_digest
 from skills.models import SkillRule
 from tests.factories import conversation_for, dispatch_for, turn_for

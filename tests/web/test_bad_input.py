@@ -1,6 +1,6 @@
 """Bad chat input: refused with a clear message, nothing stored, the typed text not lost.
 
-The limits live in the service (orchestration.turns.turn_start), so every way in — the
+The limits live in the service (orchestration.lifecycle.turns.turn_start), so every way in — the
 page, htmx, `manage.py ask` — gets the same refusal.
 """
 
@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from orchestration.models import Event, Message, Turn
-from orchestration.turns import MAX_MESSAGE_CHARS
+from orchestration.lifecycle.turns import MAX_MESSAGE_CHARS
 from tests.factories import conversation_for
 
 

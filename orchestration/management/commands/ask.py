@@ -10,11 +10,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django_q.conf import Conf
 
+from orchestration.lifecycle.turns import TurnRefused, turn_start
 from orchestration.models import Conversation, Event, SkillApproval, Turn, TurnStatus
 from orchestration.questions.approvals import StaleAnswer, approval_answer, approval_question
 from orchestration.questions.pauses import APPROVAL, AlreadyAnswered, pause_question, turn_continue
-from orchestration.records.audit import turn_audit
-from orchestration.turns import TurnRefused, turn_start
+from orchestration.reports.audit import turn_audit
 
 FINAL = {TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED}
 

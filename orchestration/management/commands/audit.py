@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from orchestration.models import Conversation
-from orchestration.records.audit import conversation_audit_json
+from orchestration.reports.audit import conversation_audit_json
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from orchestration.models import Conversation
-from orchestration.records.audit import conversation_audit_json
+from orchestration.reports.audit import conversation_audit_json
 from orchestration.reports.retention import PruneCounts, age_parse, retention_cutoff, turns_prunable, turns_prune
 
 

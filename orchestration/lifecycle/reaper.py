@@ -6,7 +6,7 @@ Two things, for every active turn, under its lock:
    step): that is a crash, counted on the work. Past ASSISTANT_MAX_STEP_ATTEMPTS crashes
    it is dead-lettered with an error the user sees; otherwise it is runnable again.
    Nothing else counts: pauses, waits, Continues and hand-backs are not crashes.
-2. The schedule rule (orchestration/dispatches.py `dispatch_schedule`), with
+2. The schedule rule (orchestration/lifecycle/dispatches.py `dispatch_schedule`), with
    `stale_before` a lease ago: whatever can run and is neither held nor queued since
    then is queued again (its task may have died with a killed cluster; a duplicate
    delivery is a claim that does nothing), and whoever waits on agents that are all
@@ -22,11 +22,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from orchestration import dispatches as lifecycle
+from orchestration.lifecycle import dispatches as lifecycle
+from orchestration.lifecycle.turns import turn_fail
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
 from orchestration.records.catalogue import AGENT_FAILED
 from orchestration.records.events import event_record
-from orchestration.turns import turn_fail
 
 logger = logging.getLogger(__name__)
 

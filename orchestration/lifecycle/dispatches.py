@@ -23,10 +23,10 @@ from django.db import transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
+from orchestration.delivery.queue import enqueue_orchestrator_step, enqueue_subagents
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, Turn, TurnStatus
 from orchestration.records.catalogue import AGENT_CLOSED
 from orchestration.records.events import event_record
-from orchestration.tasks import enqueue_orchestrator_step, enqueue_subagents
 from skills.provenance import merged  # noqa: F401 (the engine calls it lifecycle.merged)
 
 # Terminal from the orchestrator's point of view: the agent will not work any more.

@@ -6,18 +6,25 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from orchestration import dispatches as lifecycle
 from orchestration.budgets.budget import calls_in_window
 from orchestration.budgets.limits import Limits
-from orchestration.leases import lease_until
+from orchestration.delivery.leases import lease_until
+from orchestration.delivery.queue import enqueue_orchestrator_step
+from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.models import (
-    ACTIVE_TURN_STATUSES, Conversation, DispatchOutcome, Message, SkillExecution, Turn, TurnPause, TurnStatus,
+    ACTIVE_TURN_STATUSES,
+    Conversation,
+    DispatchOutcome,
+    Message,
+    SkillExecution,
+    Turn,
+    TurnPause,
+    TurnStatus,
 )
 from orchestration.records.catalogue import TURN_COMPLETED, TURN_FAILED, TURN_STARTED, TURN_STOPPED
 from orchestration.records.events import event_record, group_notify
 from orchestration.records.history import message_append
 from orchestration.records.outside import conversation_outside_fold
-from orchestration.tasks import enqueue_orchestrator_step
 from orchestration.zones import user_time_zone
 from skills.models import ExecutionStatus
 from skills.registry import UnknownSkill, get_skill

@@ -13,9 +13,9 @@ Apart, so that eight slow skills cannot hold up a heartbeat, a claim or another 
 step. A process holds a bounded number of connections however many agents it has in
 flight, and checks a connection that sat idle before it uses it again (what Django's
 CONN_HEALTH_CHECKS does once a request), so a restarted database costs one failed step,
-retried (orchestration/dbretry.py), not a dead thread.
+retried (orchestration/delivery/dbretry.py), not a dead thread.
 
-django-q2 brings the work (orchestration/tasks.py); work that becomes ready here (an
+django-q2 brings the work (orchestration/worker/tasks.py); work that becomes ready here (an
 agent's dependents, the orchestrator its last agent wakes) starts here when there is
 room, with no queue hop. Outside a qcluster worker (inline tasks in tests, `manage.py
 ask --sync`) there is no runner: the same coroutines run to the end on a temporary loop
@@ -46,7 +46,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from orchestration.dbretry import fresh_connection
+from orchestration.delivery.dbretry import fresh_connection
 from orchestration.llm.base import pool_connections_on
 
 logger = logging.getLogger(__name__)

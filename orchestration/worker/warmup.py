@@ -23,8 +23,8 @@ def warm_up(**kwargs) -> None:
     if Conf.SYNC:  # django-q2 runs an inline task through its worker function: no process
         return
 
-    from orchestration.engine import agent, orchestrator  # noqa: F401 - import is the point
-    from orchestration.runner import runner_start
+    from orchestration.delivery.runner import runner_start
+    from orchestration.worker import tasks  # noqa: F401 - the engine, and the jobs it registers
 
     runner_start()
     from orchestration.models import Turn

@@ -96,7 +96,7 @@ def agent_task_message(*, mission: str, context: str, prior_results: list[dict])
 
 def _prior_result(item: dict) -> str:
     """A dependency's report; fenced as data when outside content had reached it
-    (orchestration/dispatches.py, `fenced`)."""
+    (orchestration/lifecycle/dispatches.py, `fenced`)."""
     head = f"[{item['agent_id']}] ({item['status']})"
     if not item.get("outside_content"):
         return f"{head}\n{item['result']}"

@@ -16,15 +16,15 @@ from graphlib import CycleError, TopologicalSorter
 
 from django.conf import settings
 
-from orchestration import dispatches as lifecycle
 from orchestration.budgets.limits import Limits, LimitTripped
+from orchestration.engine.toolcalls import parse_arguments
+from orchestration.engine.tooldefs import dispatch_agent_parameters
+from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.llm import ToolCall
 from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import AgentDispatch, AgentProfile, Turn
 from orchestration.records.catalogue import AGENT_CREATED
 from orchestration.records.events import event_record
-from orchestration.toolcalls import parse_arguments
-from orchestration.tooldefs import dispatch_agent_parameters
 from skills import registry
 
 

@@ -3,7 +3,7 @@
 Every qcluster worker takes its next task with `task_queue.get()`. A multiprocessing
 queue's blocking get holds the queue's read lock (a semaphore shared by the processes)
 for as long as it waits, and our workers are nearly always waiting: a task for an agent
-hands it to the process's runner and returns at once (orchestration/runner.py). A worker
+hands it to the process's runner and returns at once (orchestration/delivery/runner.py). A worker
 SIGKILLed (the OOM killer, an operator) mid-agent is therefore most likely the one holding
 that lock, which then is never released: every other worker blocks on it for good and the
 cluster freezes, though its processes look alive (django-q2 issue #23).

@@ -1,0 +1,53 @@
+"""How work is put on its way to a worker: django-q2 tasks, thin and id-only, enqueued
+after the work's transaction commits. One way in: the queue brings work to a process, and
+work that becomes ready inside a runner (a dependent whose last dependency finished, the
+orchestrator its last agent wakes) may start on that runner when it has room.
+
+Tasks may run twice (the ORM broker delivers at least once; the reaper re-queues): every
+delivery starts with a conditional-update claim, so a second one does nothing.
+
+Enqueueing stamps `queued_at` (the claim clears it); the reaper's one rule queues work
+again once its stamp is a lease old and nobody claimed it (its task lost with a killed
+cluster). What runs a delivery is registered here by worker/tasks.py, which knows the
+engine: the engine's bookkeeping can enqueue without importing the engine back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from django.db import transaction
+from django.utils import timezone
+from django_q.tasks import async_task
+
+from orchestration.delivery import runner
+from orchestration.models import AgentDispatch, Turn
+
+ORCHESTRATOR, AGENT = "orchestrator", "agent"
+TASKS = {ORCHESTRATOR: "orchestration.worker.tasks.orchestrator_step",
+         AGENT: "orchestration.worker.tasks.subagent_run"}
+# kind → the coroutine that runs one delivery (worker/tasks.py registers them)
+JOBS: dict[str, Callable[[int], Awaitable[None]]] = {}
+
+
+def enqueue_orchestrator_step(turn_id: int) -> None:
+    Turn.objects.filter(pk=turn_id).update(queued_at=timezone.now())
+    transaction.on_commit(lambda: deliver(ORCHESTRATOR, turn_id))
+
+
+def enqueue_subagent(dispatch_id: int) -> None:
+    enqueue_subagents([dispatch_id])
+
+
+def enqueue_subagents(dispatch_ids: list[int]) -> None:
+    AgentDispatch.objects.filter(pk__in=dispatch_ids).update(queued_at=timezone.now())
+    for dispatch_id in dispatch_ids:
+        transaction.on_commit(lambda dispatch_id=dispatch_id: deliver(AGENT, dispatch_id))
+
+
+def deliver(kind: str, item_id: int) -> None:
+    """On this process's runner if it has a slot free now, else through the queue."""
+    here = runner.current()
+    job = JOBS.get(kind)
+    if here is None or job is None or not here.start(job, item_id, wait=0):
+        async_task(TASKS[kind], item_id)
