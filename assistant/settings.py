@@ -140,6 +140,9 @@ EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
+# The SMTP connection's socket timeout: a hung mail server ends the call by itself, well
+# before the skill's deadline has to interrupt its thread (skills/timeouts.py).
+EMAIL_TIMEOUT = env_float("EMAIL_TIMEOUT", 20.0, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "assistant@localhost")
 
 # Security headers; the strict ones switch on with DEBUG off (`check --deploy` clean).

@@ -11,7 +11,9 @@ So queries are shielded: a deadline that expires during one cancels it on the se
 and raises as soon as the query returns.
 
 Signals only reach the main thread. On any other thread (a worker's runner runs skills
-on its database threads) a timer thread does what the alarm would: it raises in the
+on its skill threads) a timer thread does what the alarm would, as a last resort behind
+the cooperative deadlines a handler should meet first (socket timeouts such as
+EMAIL_TIMEOUT): it raises in the
 handler's thread between two bytecodes (PyThreadState_SetAsyncExc), or, if a query is
 running there, cancels it on the server and raises once it returned. Code blocked in C
 (a socket read, a sleep) is interrupted when it comes back to Python.
