@@ -433,8 +433,7 @@ class Agent:
     def end(self, next_step: Next) -> None:
         kind, dispatch = next_step.kind, self.dispatch
         if kind is steps.Kind.DONE:
-            outcome = DispatchOutcome.FAILED if next_step.error and next_step.outcome == "failed" else next_step.outcome
-            _finish(dispatch, self.token, outcome=outcome, result=next_step.result, error=next_step.error,
+            _finish(dispatch, self.token, outcome=next_step.outcome, result=next_step.result, error=next_step.error,
                     progress={**self.progress(), "outside": self.outside}, usage=self.usage)
         elif kind is steps.Kind.PAUSE and next_step.trip is not None:
             # Paused, then given back, in one transaction under the turn's lock: a Continue

@@ -206,6 +206,12 @@ class Orchestrator:
     def act(self, step: int, response: LLMResponse) -> Next:
         """Answer the last answer's pending tool calls; then it answered the user, waits
         for its agents, or asks again."""
+        try:
+            return self._act()
+        except LeaseLost:  # an agent paused the turn meanwhile (let go), or it is not ours
+            return self.check() or steps.STOP
+
+    def _act(self) -> Next:
         turn = self.turn
         assistant, pending = pending_tool_calls(turn)
         if pending:

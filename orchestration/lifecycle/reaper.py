@@ -51,7 +51,8 @@ def _reap_turn(turn_id: int, now, stale_before, counts: dict) -> None:
         counts["crashes"] += 1
         if _dispatch_crashed(dispatch):
             counts["dispatches_dead"] += 1
-    if turn.status == TurnStatus.RUNNING and turn.lease_token and turn.lease_expires_at < now:
+    expired = turn.lease_expires_at is not None and turn.lease_expires_at < now
+    if turn.status == TurnStatus.RUNNING and turn.lease_token and expired:
         counts["crashes"] += 1
         crashes = turn.crashes + 1
         if crashes >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:

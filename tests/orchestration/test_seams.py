@@ -9,6 +9,7 @@ first, the agent is queued once the turn runs again. The orchestrator likewise.
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.budgets.limits import LimitTripped
@@ -83,7 +84,8 @@ def test_an_agent_that_trips_the_limit_pauses_and_lets_go_at_once(running_agent,
 def test_a_delivery_its_paused_turn_refuses_leaves_the_agent_to_the_continue(alice, queued):
     turn = turn_for(conversation_for(alice), status=TurnStatus.RUNNING)
     dispatch = dispatch_for(turn, "worker", skills=["tasks.create"])
-    lifecycle.dispatch_schedule(lifecycle.lock_turn(turn.pk))  # queued: stamped
+    with transaction.atomic():
+        lifecycle.dispatch_schedule(lifecycle.lock_turn(turn.pk))  # queued: stamped
     turn_pause(turn_id=turn.pk, trip=trip())
     assert Agent.claim(dispatch.pk) is None  # the task arrives while the turn is paused
     queued.tasks.clear()
