@@ -103,8 +103,6 @@ class Runner:
         task = self.loop.create_task(self._run(job, item_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        if self.handing_back:
-            task.cancel()
 
     async def _run(self, job: Job, item_id: int) -> None:
         try:

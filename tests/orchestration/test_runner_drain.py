@@ -1,0 +1,49 @@
+"""A worker process that ends (issue 25): what is in flight finishes its model call, or is
+cut short once a call with its retries could have ended, and never waits out a lease."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from orchestration.delivery import runner as runner_module
+from orchestration.delivery.runner import Runner
+
+
+def test_work_that_finishes_within_the_call_window_is_not_cut_short():
+    runner = Runner(capacity=4, db_threads=1, skill_threads=1)
+    ended = []
+
+    async def job(item_id: int) -> None:
+        await asyncio.sleep(0.3)  # a model call answered during the drain
+        ended.append((item_id, runner.handing_back))
+
+    assert runner.start(job, 1, wait=0)
+    runner.drain(finish_within=0, call_within=5)
+    assert ended == [(1, True)]  # answered, then it sees it must hand back at its next step
+    assert runner.in_flight == 0
+
+
+def test_a_call_that_outlasts_the_window_is_cut_short_and_hands_back_at_once(monkeypatch):
+    runner = Runner(capacity=4, db_threads=1, skill_threads=1)
+    monkeypatch.setattr(runner_module, "_runner", runner)
+    handed_back, started = [], threading.Event()
+
+    async def job(item_id: int) -> None:
+        try:
+            started.set()
+            await asyncio.sleep(60)  # a model call that will not answer in time
+        except asyncio.CancelledError:
+            handed_back.append((item_id, runner_module.handing_back()))  # the loop's HAND_BACK
+            raise
+
+    for item in (1, 2):
+        assert runner.start(job, item, wait=0)
+    assert started.wait(2)
+    began = time.monotonic()
+    runner.drain(finish_within=0, call_within=0.2)
+    assert time.monotonic() - began < 5
+    assert sorted(handed_back) == [(1, True), (2, True)]
+    assert runner.in_flight == 0
+    assert not runner.start(job, 3, wait=0)  # and it takes no new work
