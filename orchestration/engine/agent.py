@@ -272,27 +272,30 @@ class Agent:
         spend_settle(reservation=self.reservation, usage=response.usage,
                      cost=call_cost(response.model or self.model, response.usage))
 
-    @transaction.atomic
     def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
         """Store the answer before anything acts on it (a replay reuses it), with its
-        event. Its key is the agent's and the step's: a worker that lost its lease during
-        the call finds the step stored by the agent's new holder, and stops."""
+        event, in one transaction. Its key is the agent's and the step's: when another
+        delivery stored this step first, this one replays what is stored (or finds it
+        is not its work any more)."""
+        try:
+            return self._store(step, response, duration_ms)
+        except IntegrityError:
+            raise steps.StoredElsewhere(self.label) from None
+
+    @transaction.atomic
+    def _store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
         dispatch = self.dispatch
         self.counted = False
         taken = {c["id"] for m in self.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []}
         response = replace(response, tool_calls=unique_ids(response.tool_calls, taken, suffix=str(step),
                                                            blank=f"call_{step}_"))
         usage = response.usage
-        try:
-            with transaction.atomic():
-                LLMCall.objects.create(
-                    turn_id=dispatch.turn_id, dispatch=dispatch, key=_key(dispatch, step),
-                    model=response.model or dispatch.model, response=response.to_json(), duration_ms=duration_ms,
-                    prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                    cached_tokens=usage.cached_tokens, cost_usd=call_cost(response.model or dispatch.model, usage),
-                )
-        except IntegrityError:
-            return steps.STOP  # stored by the agent's new holder
+        LLMCall.objects.create(  # first: a step another delivery stored rolls back nothing else
+            turn_id=dispatch.turn_id, dispatch=dispatch, key=_key(dispatch, step),
+            model=response.model or dispatch.model, response=response.to_json(), duration_ms=duration_ms,
+            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens, cost_usd=call_cost(response.model or dispatch.model, usage),
+        )
         self.stored[_key(dispatch, step)] = response.to_json()
         stop = self.check()  # stopped or paused during the call: nothing acts on it here
         if stop is not steps.STOP:  # stopped: the call is in the audit, the step not in the timeline

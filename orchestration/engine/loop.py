@@ -93,6 +93,9 @@ async def _steps_retrying(work: Work) -> Next:
         try:
             await runner.db(work.load)
             return await _steps(work)
+        except steps.StoredElsewhere:
+            logger.info("%s: a step was stored by another delivery; replaying it", work.label)
+            continue
         except Exception as exc:
             if not retrying.may_retry(exc):
                 return _as_next(work, exc)

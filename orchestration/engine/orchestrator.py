@@ -160,27 +160,28 @@ class Orchestrator:
         spend_settle(reservation=self.reservation, usage=response.usage,
                      cost=call_cost(response.model or self.call["model"], response.usage))
 
-    @transaction.atomic
     def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
         """Store the answer, its (uniquely named) tool calls and its event, or nothing.
         Stored while the lease is ours, whatever the turn's status: it is paid for."""
+        try:
+            return self._store(step, response, duration_ms)
+        except IntegrityError:  # another delivery stored this step: replay it
+            raise steps.StoredElsewhere(self.label) from None
+
+    @transaction.atomic
+    def _store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
         turn, iteration, model = self.turn, step + 1, response.model or self.call["model"]
-        if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token).update(lease_expires_at=lease_until()):
+        usage = _usage(response)
+        if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token).update(
+                lease_expires_at=lease_until(), llm_iterations=F("llm_iterations") + 1, answer_draft="",
+                **{k: F(k) + v for k, v in usage.items()}):
             return steps.STOP
         taken = set(turn.messages.exclude(tool_call_id="").values_list("tool_call_id", flat=True))
         for message in turn.messages.exclude(tool_calls=[]):
             taken.update(call["id"] for call in message.tool_calls)
         calls = unique_ids(response.tool_calls, taken, suffix=str(iteration), blank="call_")
-        usage = _usage(response)
-        try:
-            with transaction.atomic():
-                LLMCall.objects.create(turn=turn, key=f"orchestrator:{iteration}", model=model,
-                                       response=response.to_json(), duration_ms=duration_ms, **usage,
-                                       cost_usd=call_cost(model, response.usage))
-        except IntegrityError:
-            return steps.STOP  # another holder stored this step
-        Turn.objects.filter(pk=turn.pk).update(llm_iterations=F("llm_iterations") + 1, answer_draft="",
-                                               **{k: F(k) + v for k, v in usage.items()})
+        LLMCall.objects.create(turn=turn, key=f"orchestrator:{iteration}", model=model, response=response.to_json(),
+                               duration_ms=duration_ms, **usage, cost_usd=call_cost(model, response.usage))
         turn.llm_iterations = iteration
         message_append(  # the whole response is in the LLMCall above; the chat keeps a bounded copy
             turn=turn, role=Message.Role.ASSISTANT,

@@ -37,6 +37,10 @@ class Next:
         return self.kind is Kind.DONE and bool(self.error)
 
 
+class StoredElsewhere(Exception):
+    """Another delivery stored this step's answer first: reload and replay what is stored."""
+
+
 AGAIN = Next(Kind.AGAIN)
 WAIT = Next(Kind.WAIT)
 HAND_BACK = Next(Kind.HAND_BACK)
