@@ -92,7 +92,7 @@ class OpenAIProvider:
 
     def endpoint(self) -> Endpoint:
         """The endpoint its calls go to, as the rate limiter names it."""
-        return Endpoint.of(_options()[0] or os.environ.get("OPENAI_BASE_URL"), os.environ.get("OPENAI_API_KEY"))
+        return Endpoint.of(_options()[0], os.environ.get("OPENAI_API_KEY"))
 
     async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict],
                         on_text: OnText | None = None, max_tokens: int | None = None,
