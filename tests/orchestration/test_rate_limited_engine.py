@@ -82,3 +82,40 @@ def test_the_sdk_leaves_429s_to_the_limiter():
     request = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
     assert not client._should_retry(httpx.Response(429, request=request))
     assert client._should_retry(httpx.Response(503, request=request))
+
+
+def test_stop_while_the_orchestrator_waits_for_the_provider(llm, run_turn, no_retries):
+    """A hold of a minute: the owner's Stop ends the wait within a second or two."""
+    import asyncio
+    import threading
+    import time
+
+    from django.db import connection
+
+    from orchestration.delivery import runner
+    from orchestration.lifecycle.turns import turn_stop
+    from orchestration.llm import capacity
+    from orchestration.models import Turn
+
+    llm.respond = Plan([], answer="Never asked.")
+    limiter = capacity.process_limiter(runner.db)
+    endpoint = capacity.Endpoint.of(llm.url, "test-key")
+    asyncio.run(limiter.hold(endpoint, "gpt-4o-mini", time.time() + 60))
+
+    def stop_soon():
+        time.sleep(1.0)
+        try:
+            turn = Turn.objects.select_related("conversation__owner").latest("id")
+            turn_stop(turn=turn, user=turn.conversation.owner)
+        finally:
+            connection.close()
+
+    stopper = threading.Thread(target=stop_soon)
+    stopper.start()
+    started = time.monotonic()
+    turn = run_turn()
+    stopper.join()
+    assert time.monotonic() - started < 10
+    turn.refresh_from_db()
+    assert turn.status == "stopped"
+    assert llm.requests == []
