@@ -271,6 +271,19 @@ ASSISTANT_LLM_RETRY_BACKOFF_SECONDS = env_float("ASSISTANT_LLM_RETRY_BACKOFF_SEC
 # The orchestrator's calls stream (Chat Completions stream=true), so its answer shows in
 # the chat as it is written; a server that cannot stream gets plain calls instead.
 ASSISTANT_LLM_STREAM = env_bool("ASSISTANT_LLM_STREAM", True)
+# Provider rate limits, shared by every worker (orchestration/llm/capacity/): requests and
+# tokens per minute per model, '{"gpt-4o-mini": {"rpm": 500, "tpm": 200000}, "*": {...}}'
+# (a "*" entry for every other model; "burst_seconds": how much may go at once, 1 by
+# default). On OpenAI's own endpoint its first tier's limits are the defaults; a model with
+# no limit is unlimited until the provider's x-ratelimit-* headers say otherwise. A 429
+# holds every worker's calls to that model until its Retry-After. `manage.py check`
+# refuses a malformed table (orchestration.E002).
+ASSISTANT_PROVIDER_LIMITS = env_json_object("ASSISTANT_PROVIDER_LIMITS", {})
+# Calls in flight at once per endpoint (base URL and key), for servers that serve a fixed
+# number (vLLM, llama.cpp); 0: no cap.
+ASSISTANT_PROVIDER_CONCURRENCY = env_int("ASSISTANT_PROVIDER_CONCURRENCY", 0)
+# 0: no limiter at all (each call retries its 429s on its own, as before issue 26).
+ASSISTANT_PROVIDER_LIMITER = env_bool("ASSISTANT_PROVIDER_LIMITER", True)
 # How often, at most, the streamed answer so far is stored and pushed to the page.
 ASSISTANT_STREAM_INTERVAL_SECONDS = env_float("ASSISTANT_STREAM_INTERVAL_SECONDS", 0.25, minimum=0)
 # What each model call costs (orchestration/budgets/pricing.py): US dollars per million tokens,

@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.checks import Error, Warning, register
 
 from orchestration.budgets.pricing import price_table_problems
+from orchestration.llm.capacity.limits import concurrency_problems, limit_table_problems
 
 
 @register()
@@ -43,4 +44,16 @@ def model_prices_are_a_price_table(app_configs=None, **kwargs):
             id="orchestration.E001",
         )
         for problem in price_table_problems(settings.ASSISTANT_MODEL_PRICES)
+    ]
+
+
+@register()
+def provider_limits_are_a_limit_table(app_configs=None, **kwargs):
+    problems = [f"ASSISTANT_PROVIDER_LIMITS: {problem}." for problem in
+                limit_table_problems(settings.ASSISTANT_PROVIDER_LIMITS)]
+    problems += [f"{problem}." for problem in concurrency_problems(settings.ASSISTANT_PROVIDER_CONCURRENCY)]
+    return [
+        Error(problem, hint='Limits are per model, per minute: {"gpt-4o-mini": {"rpm": 500, "tpm": 200000}, '
+              '"*": {"rpm": 60}} (0 or no entry: no limit).', id="orchestration.E002")
+        for problem in problems
     ]

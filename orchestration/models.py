@@ -579,3 +579,16 @@ class UserSpend(User):
         proxy = True
         verbose_name = "user's spending"
         verbose_name_plural = "users' spending"
+
+
+class ProviderCapacity(models.Model):
+    """The shared accounting of a provider's rate limits on PostgreSQL without Redis
+    (orchestration/llm/capacity/stores.py): one row per (endpoint, model) with its
+    buckets, hold and priority mark, and one per endpoint with its calls in flight.
+    The key names the endpoint by base URL and a hash of its key, never the key."""
+
+    key = models.CharField(max_length=500, unique=True)
+    state = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return self.key

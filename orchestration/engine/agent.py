@@ -22,6 +22,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from orchestration.budgets.budget import reserve_skill_call
@@ -59,7 +60,7 @@ from orchestration.engine.tooldefs import (
 )
 from orchestration.engine.toolids import unique_ids
 from orchestration.lifecycle import dispatches as lifecycle
-from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, get_provider
+from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, capacity, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
 from orchestration.questions import approvals
 from orchestration.questions.pauses import turn_pause
@@ -69,6 +70,7 @@ from orchestration.records.catalogue import (
     AGENT_LLM_CALL,
     AGENT_STARTED,
     AGENT_WAITING_FOR_MERGE,
+    LLM_WAITING,
     SKILL_FINISHED,
 )
 from orchestration.records.events import event_record
@@ -264,6 +266,26 @@ class Agent:
                      "backoff_seconds": delay},
         )
         return None
+
+    def priority(self) -> capacity.Priority:
+        """After every orchestrator call; users in turn; a parent before its nested agents."""
+        return capacity.Priority(orchestrator=False, user=self.user.pk if self.user else None,
+                                 depth=self.dispatch.depth)
+
+    @transaction.atomic
+    def record_wait(self, step: int, waited: float, model: str) -> None:
+        """The wait for the provider's rate limit, in the timeline; the agent's wall clock
+        moves on by it (by at most its whole wall-clock limit): waiting is not its work."""
+        dispatch = self.dispatch
+        excused = timedelta(seconds=min(waited, self.limits.agent_timeout_seconds))
+        AgentDispatch.objects.filter(pk=dispatch.pk, deadline_at__isnull=False).update(
+            deadline_at=F("deadline_at") + excused)
+        if dispatch.deadline_at is not None:
+            dispatch.deadline_at += excused
+        event_record(type=LLM_WAITING, dispatch=dispatch,
+                     summary=f"{dispatch.agent_id} step {step + 1}: waited {waited:.1f}s for the provider's rate limit",
+                     payload={"sub_agent_id": dispatch.agent_id, "step": step, "model": model,
+                              "waited_ms": int(waited * 1000)})
 
     def release_reservation(self) -> None:
         spend_release(reservation=self.reservation)

@@ -13,6 +13,16 @@ Only the model call is awaited here. Every database step runs on the runner's da
 threads; acting on skill calls runs on its skill threads (orchestration/delivery/runner.py), so a
 slow skill never holds up another agent's bookkeeping.
 
+Provider rate limits (orchestration/llm/capacity/): `_ask` asks the shared limiter for
+each call (one request, the prompt's estimated tokens plus the answer's allowance), in
+turn (the orchestrator before sub-agents, users in turn, parents before their nested
+agents), and settles with the tokens the provider reported. A 429 holds every worker's
+calls to that model until its Retry-After and the call is asked again then, without
+spending one of the role's retries: waiting for capacity is not a failure. A wait longer
+than WAIT_SHOWN_SECONDS is recorded (`record_wait`: an llm.waiting event; an agent's
+wall clock moves on by it); Stop, a pause or the process's end cut a wait short
+(the role's `check`, every second).
+
 Transient database errors (a restarting server, a lost connection, a deadlock) retry:
 a transaction (claim, store, end) is retried as it is; a failure while acting reloads
 the work from the store and replays it, which is safe because every step is stored and
@@ -24,21 +34,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from itertools import count
 from typing import Protocol
 
+from django.conf import settings
+
 from orchestration.budgets.limits import LimitTripped
+from orchestration.budgets.spending import prompt_estimate
 from orchestration.delivery import runner
 from orchestration.delivery.dbretry import Retrying, is_transient
 from orchestration.delivery.leases import LeaseLost
 from orchestration.engine import steps
 from orchestration.engine.retries import complete_retrying
 from orchestration.engine.steps import Kind, Next
-from orchestration.llm import LLMError, LLMResponse
+from orchestration.llm import LLMError, LLMResponse, capacity
 
 logger = logging.getLogger(__name__)
 
 MAX_STEPS = 100  # a hard stop beyond every budget
+WAIT_SHOWN_SECONDS = 0.5  # a wait for the provider's rate limit this long is an event
+MAX_HOLDS = 20  # 429s in a row for one call before it counts as a failure (the engine's retries)
+MAX_HOLD_SECONDS = 60.0  # a 429 without Retry-After: 0.5 s, doubling up to this
 
 
 class Work(Protocol):
@@ -57,6 +74,8 @@ class Work(Protocol):
     def request(self) -> dict: ...  # the call's model, messages, tools, max_tokens, on_text
     def retries(self) -> tuple[int, int]: ...  # (used, allowed) engine retries of model calls
     def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> Next | None: ...
+    def priority(self) -> capacity.Priority: ...  # its place among calls waiting for the provider
+    def record_wait(self, step: int, waited: float, model: str) -> None: ...  # an llm.waiting event
     def release_reservation(self) -> None: ...  # the call was not made, or failed
     def charge(self, response: LLMResponse) -> None: ...  # settle the spend (its own commit)
     def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None: ...
@@ -140,8 +159,55 @@ async def _ask(work: Work, step: int) -> tuple[LLMResponse, int]:
     used, allowed = work.retries()
     request = work.request()
     provider = request.pop("provider")
-    return await complete_retrying(lambda: provider.acomplete(**request), used=used, allowed=allowed,
-                                   before_retry=before_retry)
+    limiter = capacity.process_limiter(runner.db) if hasattr(provider, "endpoint") else None
+    if limiter is None:  # the offline planner, or ASSISTANT_PROVIDER_LIMITER=0
+        return await complete_retrying(lambda: provider.acomplete(**request), used=used, allowed=allowed,
+                                       before_retry=before_retry)
+    return await complete_retrying(lambda: _within_limits(work, step, limiter, provider, request), used=used,
+                                   allowed=allowed, before_retry=before_retry)
+
+
+async def _within_limits(work: Work, step: int, limiter: capacity.Limiter, provider, request: dict) -> LLMResponse:
+    """One call, made when the shared limiter admits it and settled after. A 429 holds
+    every worker's calls to the model until the provider's Retry-After, then asks again
+    here: it is not one of the engine's retries."""
+    endpoint, model = provider.endpoint(), request["model"]
+    allowance = request.get("max_tokens") or int(settings.ASSISTANT_SPEND["completion_reserve_tokens"])
+    tokens = prompt_estimate(messages=request["messages"], tools=request["tools"]) + allowance
+    priority = work.priority()
+
+    async def check():
+        return await runner.db(work.check)
+
+    for holds in count():
+        try:
+            grant = await limiter.acquire(endpoint, model, tokens=tokens, priority=priority, check=check)
+        except capacity.Stopped as stopped:
+            raise _Stopped(stopped.value) from None
+        if grant.waited >= WAIT_SHOWN_SECONDS:
+            await db_retrying(work.record_wait, step, grant.waited, model)
+        headers: list[dict] = []
+        try:
+            response = await provider.acomplete(**request, on_headers=headers.append)
+        except LLMError as exc:
+            await grant.settle(0)
+            if exc.headers:
+                await limiter.observe(endpoint, model, exc.headers)
+            if not exc.rate_limited or holds >= MAX_HOLDS:
+                raise
+            wait = exc.retry_after if exc.retry_after is not None else min(0.5 * 2 ** holds, MAX_HOLD_SECONDS)
+            logger.info("%s: the provider's rate limit (429); every call to %s waits %.1f s", work.label, model, wait)
+            await limiter.hold(endpoint, model, time.time() + wait)
+            continue
+        except BaseException:
+            await grant.settle(0)
+            raise
+        usage = response.usage
+        await grant.settle(usage.prompt_tokens + usage.completion_tokens)
+        if headers:
+            await limiter.observe(endpoint, model, headers[-1])
+        return response
+    raise AssertionError("unreachable")
 
 
 class _Stopped(Exception):

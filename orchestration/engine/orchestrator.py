@@ -45,11 +45,11 @@ from orchestration.engine.tooldefs import (
 from orchestration.engine.toolids import unique_ids
 from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.lifecycle.turns import turn_complete, turn_draft_save, turn_fail
-from orchestration.llm import LLMError, LLMResponse, ToolCall, get_provider
+from orchestration.llm import LLMError, LLMResponse, ToolCall, capacity, get_provider
 from orchestration.llm.base import tool_call_message
 from orchestration.models import LLMCall, Message, Turn, TurnStatus
 from orchestration.questions.pauses import turn_pause
-from orchestration.records.catalogue import ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
+from orchestration.records.catalogue import LLM_WAITING, ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
 from orchestration.records.events import event_record
 from orchestration.records.history import llm_messages, message_append, messages_append, pending_tool_calls
 from orchestration.records.output import output_limit, text_bounded
@@ -151,6 +151,15 @@ class Orchestrator:
             payload={"iteration": step + 1, "retry": retry, "reason": str(exc), "backoff_seconds": delay},
         )
         return None
+
+    def priority(self) -> capacity.Priority:
+        """The user's question goes before every sub-agent's call."""
+        return capacity.Priority(orchestrator=True, user=self.turn.conversation.owner_id, depth=0)
+
+    def record_wait(self, step: int, waited: float, model: str) -> None:
+        event_record(type=LLM_WAITING, turn=self.turn,
+                     summary=f"Orchestrator call {step + 1}: waited {waited:.1f}s for the provider's rate limit",
+                     payload={"iteration": step + 1, "model": model, "waited_ms": int(waited * 1000)})
 
     def release_reservation(self) -> None:
         spend_release(reservation=self.reservation)

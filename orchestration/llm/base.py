@@ -9,10 +9,16 @@ from dataclasses import asdict, dataclass, field
 class LLMError(Exception):
     """The model could not be asked. `transient` says whether trying again may help."""
 
-    def __init__(self, message: str, *, transient: bool):
+    def __init__(self, message: str, *, transient: bool, rate_limited: bool = False,
+                 retry_after: float | None = None, headers: dict | None = None):
         super().__init__(message)
         self.transient = transient
         self.refused_streaming = False  # a streamed request refused: ask plainly instead
+        # A 429 that says "too fast" (not "out of quota"): the provider's limiter speaks,
+        # and every worker waits `retry_after` seconds (None: it did not say how long).
+        self.rate_limited = rate_limited
+        self.retry_after = retry_after
+        self.headers = headers or {}  # the response's headers, if there was a response
 
 
 @dataclass(frozen=True)

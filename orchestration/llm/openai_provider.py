@@ -5,6 +5,14 @@ retries 429 (honouring Retry-After), 5xx, connection errors and timeouts itself,
 backoff, up to ASSISTANT_LLM_MAX_RETRIES; what is still failing after that is an
 LLMError the engine can classify.
 
+Rate limits (orchestration/llm/capacity/): the engine asks the shared limiter before each
+call, so the SDK does not retry a 429 itself (`_Client`): a 429 is an LLMError with
+`rate_limited` and the provider's `retry_after`, and the engine holds every worker's
+calls to that model until then. The headers of every answer go to `on_headers`, so the
+limiter learns the provider's x-ratelimit-* limits. `endpoint()` names the endpoint (its
+base URL and a hash of the key) for the limiter. With ASSISTANT_PROVIDER_LIMITER=0 the SDK
+retries 429s on its own, as before.
+
 The engine's loops await `acomplete` (the SDK's async client: a call in flight costs a
 coroutine, not a process). It posts the request through the client's own machinery (its
 retries, timeouts and errors) but reads the answer as JSON: the typed
@@ -33,8 +41,11 @@ import openai
 from django.conf import settings
 
 from orchestration.llm.base import LLMError, LLMResponse, ToolCall, Usage, pools_connections
+from orchestration.llm.capacity.headers import retry_after_seconds
+from orchestration.llm.capacity.limiter import Endpoint
 
 OnText = Callable[[str], Awaitable[None]]
+OnHeaders = Callable[[dict], None]
 
 
 def _options() -> tuple[str | None, float, int]:
@@ -61,26 +72,43 @@ def _async_client() -> openai.AsyncOpenAI:
         # must be closed with its loop, so only a loop that lives as long as its process
         # (a runner's) gets one.
         http_client = openai.DefaultAioHttpClient(timeout=timeout) if pools_connections(loop) else None
-        clients[options] = openai.AsyncOpenAI(base_url=base_url, timeout=timeout, max_retries=max_retries,
-                                              http_client=http_client)
+        client_class = _Client if settings.ASSISTANT_PROVIDER_LIMITER else openai.AsyncOpenAI
+        clients[options] = client_class(base_url=base_url, timeout=timeout, max_retries=max_retries,
+                                        http_client=http_client)
     return clients[options]
+
+
+class _Client(openai.AsyncOpenAI):
+    """The SDK's client, except that a 429 is not retried by the SDK: the engine's shared
+    limiter holds every worker until the provider's Retry-After instead, so calls do not
+    retry at once, each on its own."""
+
+    def _should_retry(self, response: httpx.Response) -> bool:
+        return response.status_code != 429 and super()._should_retry(response)
 
 
 class OpenAIProvider:
     name = "openai"
 
+    def endpoint(self) -> Endpoint:
+        """The endpoint its calls go to, as the rate limiter names it."""
+        return Endpoint.of(_options()[0], os.environ.get("OPENAI_API_KEY"))
+
     async def acomplete(self, *, model: str, messages: list[dict], tools: list[dict],
-                        on_text: OnText | None = None, max_tokens: int | None = None) -> LLMResponse:
+                        on_text: OnText | None = None, max_tokens: int | None = None,
+                        on_headers: OnHeaders | None = None) -> LLMResponse:
         body = _body(model, messages, tools, max_tokens)
         if on_text is not None and _may_stream():
             try:
-                return await _streamed(body, on_text)
+                return await _streamed(body, on_text, on_headers)
             except LLMError as exc:
                 if not exc.refused_streaming:
                     raise
                 _streaming_refused.add(_options()[0])
         with _as_llm_errors():
             answer = await _async_client().post(COMPLETIONS, body=body, cast_to=httpx.Response)
+            if on_headers is not None:
+                on_headers(dict(answer.headers))
             return _to_response(answer.json())
 
 
@@ -94,11 +122,13 @@ def _may_stream() -> bool:
     return settings.ASSISTANT_LLM_STREAM and _options()[0] not in _streaming_refused
 
 
-async def _streamed(body: dict, on_text: OnText) -> LLMResponse:
+async def _streamed(body: dict, on_text: OnText, on_headers: OnHeaders | None = None) -> LLMResponse:
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     with _as_llm_errors(streaming=True):
         stream = await _async_client().post(COMPLETIONS, body=body, cast_to=object, stream=True,
                                             stream_cls=openai.AsyncStream[object])
+        if on_headers is not None:
+            on_headers(dict(stream.response.headers))
         if not stream.response.headers.get("content-type", "").startswith("text/event-stream"):
             return _to_response(json.loads(await stream.response.aread()))  # it answered plainly
         assembled = _Assembly()
@@ -187,12 +217,21 @@ def _as_llm_errors(*, streaming: bool = False):
     except (openai.APITimeoutError, openai.APIConnectionError) as exc:
         raise LLMError(f"LLM endpoint unreachable: {exc}", transient=True) from exc
     except openai.RateLimitError as exc:
-        raise LLMError(f"LLM rate limit: {exc}", transient=True) from exc
+        headers = dict(exc.response.headers)
+        if _out_of_quota(exc):  # billing, not speed: waiting does not help
+            raise LLMError(f"LLM quota exhausted: {exc}", transient=False, headers=headers) from exc
+        raise LLMError(f"LLM rate limit: {exc}", transient=True, rate_limited=True,
+                       retry_after=retry_after_seconds(headers), headers=headers) from exc
     except openai.APIStatusError as exc:
         transient = exc.status_code >= 500 or exc.status_code in (408, 409)
         raise LLMError(f"LLM error {exc.status_code}: {exc.message}", transient=transient) from exc
     except (openai.OpenAIError, ValueError, TypeError, AttributeError) as exc:  # a body that is not a completion
         raise LLMError(f"LLM response unusable: {exc}", transient=True) from exc
+
+
+def _out_of_quota(exc: openai.RateLimitError) -> bool:
+    """OpenAI answers an exhausted quota with a 429 too (code insufficient_quota)."""
+    return getattr(exc, "code", None) == "insufficient_quota"
 
 
 def _text(value) -> str:

@@ -24,6 +24,10 @@ APPROVAL_DECIDED = "approval.decided"
 ORCHESTRATOR_LLM_CALL = "orchestrator.llm_call"
 ORCHESTRATOR_LLM_RETRY = "orchestrator.llm_retry"
 
+# A model call (either role's) that waited for the provider's rate limit (orchestration/
+# llm/capacity/) longer than half a second: one event when the wait ends, with how long.
+LLM_WAITING = "llm.waiting"
+
 # A sub-agent's lifecycle (DESIGN.md §4), and its model calls: one per step.
 AGENT_CREATED = "agent.subagent_created"
 AGENT_STARTED = "agent.subagent_started"

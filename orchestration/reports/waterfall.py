@@ -27,6 +27,7 @@ from orchestration.models import ACTIVE_TURN_STATUSES, AgentDispatch, DispatchOu
 from orchestration.records.catalogue import (
     AGENT_ATTEMPT,
     AGENT_LLM_CALL,
+    LLM_WAITING,
     ORCHESTRATOR_LLM_CALL,
     ORCHESTRATOR_LLM_RETRY,
     SKILL_FINISHED,
@@ -43,7 +44,8 @@ MIN_SHOWN_WIDTH = 0.8  # percent of the axis
 
 @dataclass
 class Bar:
-    """One call: a model call ("model") or a skill call ("skill")."""
+    """One call: a model call ("model"), a skill call ("skill"), or a model call's wait
+    for the provider's rate limit ("wait", drawn on the model calls' line)."""
 
     kind: str
     label: str
@@ -195,8 +197,18 @@ def _failed_model_bar(event: Event) -> Bar | None:
                result=reason)
 
 
+def _wait_bar(event: Event) -> Bar:
+    payload = event.payload or {}
+    waited = payload.get("waited_ms") or 0
+    where = f"call {payload['iteration']}" if "iteration" in payload else f"step {payload.get('step', 0) + 1}"
+    return Bar(kind="wait", label=f"{where}: waiting for the provider's rate limit",
+               start=event.created_at - timedelta(milliseconds=waited), end=event.created_at, event_id=event.pk,
+               request=_lines(("model", payload.get("model"))), result=f"waited {duration_text(waited)}")
+
+
 def _model_bars(events: list[Event], kind: str) -> list[Bar]:
     bars = [_model_bar(e) for e in events if e.type == kind]
+    bars += [_wait_bar(e) for e in events if e.type == LLM_WAITING]
     bars += [bar for e in events if e.type in FAILED_MODEL_CALLS if (bar := _failed_model_bar(e))]
     return sorted(bars, key=lambda b: (b.start, b.event_id))
 

@@ -1,0 +1,284 @@
+"""Where the accounting lives, shared by every process of a deployment that can see it.
+
+- RedisStore (REDIS_URL set): one hash per (endpoint, model) and one sorted set of the
+  calls in flight per endpoint, changed atomically by one Lua script (the steps of
+  buckets.py); keys expire after a day unused.
+- DatabaseStore (PostgreSQL without Redis): one ProviderCapacity row per (endpoint,
+  model), and one per endpoint for its calls in flight, locked (SELECT ... FOR UPDATE, in
+  key order) for one short transaction; run off the event loop by `offload` (the
+  runner's database threads), so a waiter holds no connection between its looks.
+- MemoryStore (the embedded SQLite default: one process): a dict under a lock.
+
+Each method takes the caller's clock reading (`now`, seconds since the epoch): every
+machine of a deployment is expected to keep NTP time, as the leases already do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from django.db import transaction
+
+from orchestration.llm.base import pools_connections
+from orchestration.llm.capacity import buckets
+from orchestration.llm.capacity.buckets import Observed
+from orchestration.llm.capacity.limits import Limits
+
+Offload = Callable[..., Awaitable]
+
+
+def endpoint_key(endpoint: str) -> str:
+    return f"{endpoint}|"
+
+
+def model_key(endpoint: str, model: str) -> str:
+    return f"{endpoint}|{model}"
+
+
+class _DictStore:
+    """The steps of buckets.py on states read and written by a subclass, in one go."""
+
+    def _acquire(self, states: dict, key: str, endpoint: str, *, now, tokens, conf, urgent, concurrency, grant_id,
+                 expires) -> float:
+        inflight = states[endpoint_key(endpoint)].setdefault("inflight", {}) if concurrency else None
+        return buckets.acquire(states[key], now, tokens=tokens, conf=conf, urgent=urgent, inflight=inflight,
+                               concurrency=concurrency, grant_id=grant_id, expires=expires)
+
+    def _settle(self, states: dict, key: str, endpoint: str, *, now, conf, reserved, actual, grant_id,
+                concurrency=0) -> None:
+        buckets.settle(states[key], now, conf=conf, reserved=reserved, actual=actual)
+        states[endpoint_key(endpoint)].get("inflight", {}).pop(grant_id, None)
+
+
+class MemoryStore(_DictStore):
+    """One process's accounting (the embedded default)."""
+
+    def __init__(self):
+        self._states: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    def _all(self, *keys):
+        return {key: self._states.setdefault(key, {}) for key in keys}
+
+    async def acquire(self, endpoint: str, model: str, **kw) -> float:
+        key = model_key(endpoint, model)
+        with self._lock:
+            return self._acquire(self._all(key, endpoint_key(endpoint)), key, endpoint, **kw)
+
+    async def settle(self, endpoint: str, model: str, **kw) -> None:
+        key = model_key(endpoint, model)
+        with self._lock:
+            self._settle(self._all(key, endpoint_key(endpoint)), key, endpoint, **kw)
+
+    async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
+        key = model_key(endpoint, model)
+        with self._lock:
+            buckets.hold(self._all(key)[key], until)
+
+    async def observe(self, endpoint: str, model: str, *, now: float, conf: Limits, seen: Observed) -> None:
+        key = model_key(endpoint, model)
+        with self._lock:
+            buckets.observe(self._all(key)[key], now, conf=conf, seen=seen)
+
+
+class DatabaseStore(_DictStore):
+    """Rows of ProviderCapacity, locked for one short transaction each time."""
+
+    def __init__(self, offload: Offload):
+        self.offload = offload
+
+    @staticmethod
+    def _locked(*keys: str) -> dict[str, dict]:
+        from orchestration.models import ProviderCapacity
+
+        wanted = sorted(set(keys))
+        rows = list(ProviderCapacity.objects.select_for_update().filter(key__in=wanted).order_by("key"))
+        if len(rows) < len(wanted):
+            ProviderCapacity.objects.bulk_create([ProviderCapacity(key=key, state={}) for key in wanted],
+                                                 ignore_conflicts=True)
+            rows = list(ProviderCapacity.objects.select_for_update().filter(key__in=wanted).order_by("key"))
+        return {row.key: row.state for row in rows}
+
+    @staticmethod
+    def _save(states: dict[str, dict]) -> None:
+        from orchestration.models import ProviderCapacity
+
+        for key, state in states.items():
+            ProviderCapacity.objects.filter(key=key).update(state=state)
+
+    def _in_transaction(self, fn, *keys):
+        with transaction.atomic():
+            states = self._locked(*keys)
+            result = fn(states)
+            self._save(states)
+            return result
+
+    async def acquire(self, endpoint: str, model: str, *, concurrency: int, **kw) -> float:
+        key = model_key(endpoint, model)
+        keys = (key, endpoint_key(endpoint)) if concurrency else (key,)
+
+        def take(states):
+            states.setdefault(endpoint_key(endpoint), {})
+            return self._acquire(states, key, endpoint, concurrency=concurrency, **kw)
+
+        return await self.offload(self._in_transaction, take, *keys)
+
+    async def settle(self, endpoint: str, model: str, *, concurrency: int = 0, **kw) -> None:
+        key = model_key(endpoint, model)
+        keys = (key, endpoint_key(endpoint)) if concurrency else (key,)
+
+        def give(states):
+            states.setdefault(endpoint_key(endpoint), {})
+            self._settle(states, key, endpoint, **kw)
+
+        await self.offload(self._in_transaction, give, *keys)
+
+    async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
+        key = model_key(endpoint, model)
+        await self.offload(self._in_transaction, lambda states: buckets.hold(states[key], until), key)
+
+    async def observe(self, endpoint: str, model: str, *, now: float, conf: Limits, seen: Observed) -> None:
+        key = model_key(endpoint, model)
+        await self.offload(self._in_transaction,
+                           lambda states: buckets.observe(states[key], now, conf=conf, seen=seen), key)
+
+
+# The steps of buckets.py, in Lua. KEYS[1]: the (endpoint, model) hash; KEYS[2]: the
+# endpoint's calls in flight (a sorted set: grant id → expires). ARGV[1]: the operation.
+_SCRIPT = """
+local op = ARGV[1]
+local now = tonumber(ARGV[2])
+local conf_rpm, conf_tpm, burst = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local s = redis.call('HMGET', KEYS[1], 'r', 't', 'u', 'rpm', 'tpm', 'held', 'urgent')
+local function num(v, d) if v == false or v == nil or v == '' then return d end return tonumber(v) end
+local r, t, u = s[1], s[2], num(s[3], now)
+local rpm, tpm = num(s[4], 0), num(s[5], 0)
+local held, urgent = num(s[6], 0), num(s[7], 0)
+local function refill()
+  if rpm == 0 then rpm = conf_rpm end
+  if tpm == 0 then tpm = conf_tpm end
+  local elapsed = math.max(0, now - u)
+  local cap_r, cap_t = 0, 0
+  if rpm > 0 then cap_r = math.max(1, rpm * burst / 60); r = math.min(cap_r, num(r, cap_r) + elapsed * rpm / 60) else r = 0 end
+  if tpm > 0 then cap_t = math.max(1, tpm * burst / 60); t = math.min(cap_t, num(t, cap_t) + elapsed * tpm / 60) else t = 0 end
+  u = now
+  return cap_t
+end
+local function save()
+  redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(t), 'u', tostring(u), 'held', tostring(held),
+             'urgent', tostring(urgent))
+  redis.call('EXPIRE', KEYS[1], 86400)
+end
+if op == 'acquire' then
+  local tokens, is_urgent, concurrency = tonumber(ARGV[6]), ARGV[7] == '1', tonumber(ARGV[8])
+  local grant, expires = ARGV[9], tonumber(ARGV[10])
+  local cap_t = refill()
+  local wait = 0
+  if held > now then
+    wait = held - now
+  elseif (not is_urgent) and urgent > now then
+    wait = urgent - now
+  else
+    if concurrency > 0 then
+      redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+      if redis.call('ZCARD', KEYS[2]) >= concurrency then wait = tonumber(ARGV[11]) end
+    end
+    if wait == 0 then
+      if rpm > 0 and r < 1 then wait = (1 - r) * 60 / rpm end
+      local need = math.min(tokens, cap_t)
+      if tpm > 0 and t < need then wait = math.max(wait, (need - t) * 60 / tpm) end
+    end
+  end
+  if wait > 0 then
+    if is_urgent then urgent = math.max(urgent, now + wait + tonumber(ARGV[12])) end
+    save()
+    return tostring(wait)
+  end
+  if rpm > 0 then r = r - 1 end
+  if tpm > 0 then t = t - tokens end
+  if is_urgent then urgent = 0 end
+  if concurrency > 0 then
+    redis.call('ZADD', KEYS[2], expires, grant)
+    redis.call('EXPIRE', KEYS[2], 86400)
+  end
+  save()
+  return '0'
+elseif op == 'settle' then
+  local cap_t = refill()
+  if tpm > 0 then t = math.min(cap_t, t + tonumber(ARGV[6]) - tonumber(ARGV[7])) end
+  redis.call('ZREM', KEYS[2], ARGV[8])
+  save()
+elseif op == 'hold' then
+  refill()
+  held = math.max(held, tonumber(ARGV[6]))
+  save()
+elseif op == 'observe' then
+  local seen = cjson.decode(ARGV[6])
+  if seen.limit_requests ~= nil and seen.limit_requests ~= cjson.null and seen.limit_requests > 0 then
+    rpm = seen.limit_requests; redis.call('HSET', KEYS[1], 'rpm', tostring(rpm)) end
+  if seen.limit_tokens ~= nil and seen.limit_tokens ~= cjson.null and seen.limit_tokens > 0 then
+    tpm = seen.limit_tokens; redis.call('HSET', KEYS[1], 'tpm', tostring(tpm)) end
+  refill()
+  local function given(v) return v ~= nil and v ~= cjson.null end
+  if rpm > 0 and given(seen.remaining_requests) then r = math.min(r, seen.remaining_requests) end
+  if tpm > 0 and given(seen.remaining_tokens) then t = math.min(t, seen.remaining_tokens) end
+  if seen.remaining_requests == 0 and given(seen.reset_requests) and seen.reset_requests > 0 then
+    held = math.max(held, now + seen.reset_requests) end
+  if seen.remaining_tokens == 0 and given(seen.reset_tokens) and seen.reset_tokens > 0 then
+    held = math.max(held, now + seen.reset_tokens) end
+  save()
+end
+return '0'
+"""
+
+
+class RedisStore:
+    """The accounting in Redis: every step one atomic script call."""
+
+    def __init__(self, url: str, *, prefix: str = "assistant:capacity:"):
+        self.url, self.prefix = url, prefix
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @asynccontextmanager
+    async def _client(self):
+        """A client per event loop; a temporary loop's (tests, `ask --sync`) is closed after use."""
+        import redis.asyncio as redis
+
+        loop = asyncio.get_running_loop()
+        if pools_connections(loop):
+            if loop not in self._clients:
+                self._clients[loop] = redis.Redis.from_url(self.url)
+            yield self._clients[loop]
+            return
+        client = redis.Redis.from_url(self.url)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+
+    async def _run(self, endpoint: str, model: str, op: str, now: float, conf: Limits, *args) -> str:
+        keys = [self.prefix + model_key(endpoint, model), self.prefix + endpoint_key(endpoint) + "inflight"]
+        argv = [op, repr(now), conf.rpm or 0, conf.tpm or 0, repr(conf.burst_seconds), *args]
+        async with self._client() as client:
+            result = await client.register_script(_SCRIPT)(keys=keys, args=argv)
+        return result.decode() if isinstance(result, bytes) else str(result)
+
+    async def acquire(self, endpoint: str, model: str, *, now, tokens, conf, urgent, concurrency, grant_id,
+                      expires) -> float:
+        return float(await self._run(endpoint, model, "acquire", now, conf, tokens, "1" if urgent else "0",
+                                     concurrency, grant_id, repr(expires), repr(buckets.SLOT_POLL_SECONDS),
+                                     repr(buckets.URGENT_MARGIN_SECONDS)))
+
+    async def settle(self, endpoint: str, model: str, *, now, conf, reserved, actual, grant_id, concurrency=0) -> None:
+        await self._run(endpoint, model, "settle", now, conf, reserved, actual, grant_id)
+
+    async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
+        await self._run(endpoint, model, "hold", now, conf, repr(until))
+
+    async def observe(self, endpoint: str, model: str, *, now: float, conf: Limits, seen: Observed) -> None:
+        await self._run(endpoint, model, "observe", now, conf, json.dumps(vars(seen)))
