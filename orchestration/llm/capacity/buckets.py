@@ -55,6 +55,13 @@ def _f(state: dict, key: str, default: float = 0.0) -> float:
     return default if value in (None, "") else float(value)
 
 
+def unmetered(state: dict, now: float, conf: Limits) -> bool:
+    """Whether a call may go without touching the state: no limit configured or stated,
+    no hold, no orchestrator waiting ahead."""
+    no_limits = not (_f(state, "rpm") or conf.rpm or _f(state, "tpm") or conf.tpm)
+    return no_limits and _f(state, "held") <= now and _f(state, "urgent") <= now
+
+
 def refill(state: dict, now: float, conf: Limits) -> tuple[float, float, float, float]:
     """Fill both buckets up to `now`; (rpm, tpm, token capacity, request capacity), 0: unlimited.
     A limit the provider stated (observe) wins over the configured one."""

@@ -86,11 +86,38 @@ class MemoryStore(_DictStore):
             buckets.observe(self._all(key)[key], now, conf=conf, seen=seen)
 
 
+# How long a process trusts that a model without limits has none (no 429 hold, no limit
+# stated in another process's headers) before it reads the row again.
+UNMETERED_SECONDS = 1.0
+
+
 class DatabaseStore(_DictStore):
-    """Rows of ProviderCapacity, locked for one short transaction each time."""
+    """Rows of ProviderCapacity, locked for one short transaction each time.
+
+    A model with no limit (none configured, none stated by the provider) costs a call no
+    transaction: the row is read, unlocked, at most once every UNMETERED_SECONDS per
+    process, so a hold or a limit another process learned still reaches this one within
+    that time. Every metered call is accounted exactly."""
 
     def __init__(self, offload: Offload):
         self.offload = offload
+        self._open_until: dict[str, float] = {}  # key → until when it is known unmetered
+        self._unmetered: set[str] = set()  # grants that took nothing, so settle nothing
+
+    @staticmethod
+    def _state(key: str) -> dict:
+        from orchestration.models import ProviderCapacity
+
+        return ProviderCapacity.objects.filter(key=key).values_list("state", flat=True).first() or {}
+
+    async def _is_unmetered(self, key: str, now: float, conf: Limits) -> bool:
+        if self._open_until.get(key, 0.0) > now:
+            return True
+        if buckets.unmetered(await self.offload(self._state, key), now, conf):
+            self._open_until[key] = now + UNMETERED_SECONDS
+            return True
+        self._open_until.pop(key, None)
+        return False
 
     @staticmethod
     def _locked(*keys: str) -> dict[str, dict]:
@@ -120,6 +147,9 @@ class DatabaseStore(_DictStore):
 
     async def acquire(self, endpoint: str, model: str, *, concurrency: int, **kw) -> float:
         key = model_key(endpoint, model)
+        if not concurrency and await self._is_unmetered(key, kw["now"], kw["conf"]):
+            self._unmetered.add(kw["grant_id"])
+            return 0.0
         keys = (key, endpoint_key(endpoint)) if concurrency else (key,)
 
         def take(states):
@@ -129,6 +159,9 @@ class DatabaseStore(_DictStore):
         return await self.offload(self._in_transaction, take, *keys)
 
     async def settle(self, endpoint: str, model: str, *, concurrency: int = 0, **kw) -> None:
+        if kw["grant_id"] in self._unmetered:
+            self._unmetered.discard(kw["grant_id"])
+            return
         key = model_key(endpoint, model)
         keys = (key, endpoint_key(endpoint)) if concurrency else (key,)
 
@@ -140,10 +173,12 @@ class DatabaseStore(_DictStore):
 
     async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
         key = model_key(endpoint, model)
+        self._open_until.pop(key, None)
         await self.offload(self._in_transaction, lambda states: buckets.hold(states[key], until), key)
 
     async def observe(self, endpoint: str, model: str, *, now: float, conf: Limits, seen: Observed) -> None:
         key = model_key(endpoint, model)
+        self._open_until.pop(key, None)
         await self.offload(self._in_transaction,
                            lambda states: buckets.observe(states[key], now, conf=conf, seen=seen), key)
 
