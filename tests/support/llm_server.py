@@ -40,6 +40,7 @@ import json
 import math
 import re
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -216,6 +217,11 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 512
     daemon_threads = True
 
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return  # a client closed its kept-alive connection (a worker stopped, or was killed)
+        super().handle_error(request, client_address)
+
 
 class ScriptedLLM:
     def __init__(self, respond: Callable[[dict], Reply] | None = None, latency: float = 0.0, ids: str = "fresh",
@@ -242,6 +248,7 @@ class ScriptedLLM:
         # what `max_in_flight` caps, as a self-hosted server caps the requests it serves.
         self.max_in_flight = max_in_flight
         self.admitted = 0
+        self.peak_admitted = 0  # the most at once (a test may set it back to 0)
         self._lock = threading.Lock()
         self._buckets: dict[str, dict[str, _Bucket]] = {}
         self.rate_limit = rate_limit
@@ -274,7 +281,7 @@ class ScriptedLLM:
                                                "requests", 1.0, code="concurrency_limit_exceeded"), headers, 0
         limit = self._rate_limit
         if limit is None:
-            self.admitted += 1
+            self._count_admitted()
             return "", None, headers, 0
         now = time.time()
         buckets = self._buckets.get(key)
@@ -296,8 +303,12 @@ class ScriptedLLM:
         for name, bucket in buckets.items():
             bucket.level -= cost[name]
             headers.update(bucket.headers(name))
-        self.admitted += 1
+        self._count_admitted()
         return "", None, headers, cost["tokens"] if "tokens" in buckets else 0
+
+    def _count_admitted(self) -> None:
+        self.admitted += 1
+        self.peak_admitted = max(self.peak_admitted, self.admitted)
 
     @property
     def url(self) -> str:
