@@ -67,8 +67,10 @@ def wait_all(turns: list[Turn], clusters: list, *, timeout: float) -> None:
 
 
 def failed_agents(turns: list[Turn]) -> list[tuple[str, str]]:
-    return [(d.agent_id, d.error or d.outcome) for d in AgentDispatch.objects.filter(turn__in=turns)
-            if d.outcome != DispatchOutcome.COMPLETED]
+    """(agent, its error or outcome) of every agent that did not complete, errors first."""
+    found = [(d.agent_id, d.error or d.outcome) for d in AgentDispatch.objects.filter(turn__in=turns)
+             if d.outcome != DispatchOutcome.COMPLETED]
+    return sorted(found, key=lambda failed: failed[1] in DispatchOutcome.values)
 
 
 def test_two_qclusters_share_one_limit_a_burst_finishes_without_failures_or_429s(llm, qcluster, alice, bob):
