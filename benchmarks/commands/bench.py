@@ -4,7 +4,8 @@ Run it on a scratch database (it creates users, conversations and turns):
 `make bench` does, for the embedded default and for PostgreSQL + Redis. The `tokens`
 section (benchmarks/tokens.py) runs the seed example inline in this process, in a few
 seconds: `python -m benchmarks bench --workloads tokens` runs only that, without daphne or
-a qcluster.
+a qcluster. The `ratelimited` workload (benchmarks/ratelimited.py) runs last, on a qcluster
+of its own that is told the provider's limits, against the server enforcing them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from django.db import connection
 
 from benchmarks.commands import STYLE, Refused, say
 from benchmarks.handoffs import HANDOFFS
+from benchmarks import ratelimited
 from benchmarks.load import Daphne
 from benchmarks.runner import median_run, now_label, queries_per_agent_step, run_workload
 from benchmarks.tokens import seed_example_figures
@@ -31,14 +33,19 @@ from tests.support.llm_server import ScriptedLLM
 from tests.support.processes import Cluster, production_env
 
 TOKENS = "tokens"  # a section, not a timed workload: the seed example's token economy
+RATELIMITED = ratelimited.NAME  # a burst against an enforcing provider, on a qcluster of its own
+SDK_RETRIES = 2  # the setting's default (the other workloads run without: ASSISTANT_LLM_MAX_RETRIES=0)
 
 HELP = ("Measure makespan against the bound, agents in flight, hand-offs, LLM requests, CPU, memory "
-        "and SQL per step; and the seed example's prompt tokens per call (tokens).")
+        "and SQL per step; a burst against a provider's rate limits (ratelimited); and the seed "
+        "example's prompt tokens per call (tokens).")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workloads", nargs="+", default=[*WORKLOADS, TOKENS], choices=[*WORKLOADS, TOKENS])
-    parser.add_argument("--latency", nargs="+", type=int, default=[100, 300, 2000], help="LLM latency, ms.")
+    parser.add_argument("--workloads", nargs="+", default=[*WORKLOADS, RATELIMITED, TOKENS],
+                        choices=[*WORKLOADS, RATELIMITED, TOKENS])
+    parser.add_argument("--latency", nargs="+", type=int, default=[100, 300, 2000],
+                        help="LLM latency, ms (ratelimited runs at the median one only).")
     parser.add_argument("--workers", type=int, default=settings.Q_WORKERS)
     parser.add_argument("--second-cluster", action=argparse.BooleanOptionalAction, default=True,
                         help="Run the load workload again with a second qcluster (standing in for a "
@@ -66,8 +73,9 @@ def run(options: argparse.Namespace) -> None:
     setup = ("PostgreSQL" if connection.vendor == "postgresql" else "SQLite") + (
         " + Redis" if settings.REDIS_URL else " (embedded)")
     timed = [w for w in options.workloads if w in WORKLOADS]
-    if timed:
-        _timed(timed, options.latency, options.workers, options.second_cluster, options.repeat, options.output, setup)
+    if timed or RATELIMITED in options.workloads:
+        _timed(timed, options.latency, options.workers, options.second_cluster, options.repeat, options.output, setup,
+               RATELIMITED in options.workloads)
     if TOKENS in options.workloads:
         _tokens(options.tokens_output, setup)
 
@@ -85,14 +93,14 @@ def _tokens(output: str, setup: str) -> None:
     say(STYLE.SUCCESS(f"Wrote {path}"))
 
 
-def _timed(workloads, latency, workers, second_cluster, repeat, output, setup) -> None:
+def _timed(workloads, latency, workers, second_cluster, repeat, output, setup, rate_limited) -> None:
     server = ScriptedLLM().start()
     env = {"ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "bench",
            "ASSISTANT_LLM_MAX_RETRIES": "0", "Q_LOG_LEVEL": "INFO", **production_env()}
     logs = Path(tempfile.mkdtemp(prefix="bench-"))
     web = Daphne.start(env=env, log_path=logs / "daphne.log")
     clusters = [Cluster.start(env=env, log_path=logs / "qcluster.log", workers=workers)]
-    results = []
+    results, limited = [], []
     try:
         web.wait_ready()
         clusters[0].wait_ready()
@@ -113,7 +121,9 @@ def _timed(workloads, latency, workers, second_cluster, repeat, output, setup) -
                 f"{result.peak_in_flight} in flight, {result.cpu_ms_per_llm_call:.1f} ms CPU/call")
 
         say("  a warm-up turn (not reported): every worker's first task pays one-off costs")
+        warm_since = len(server.requests)
         run_once("wide", latency[0])
+        limits = ratelimited.limits_for(server, warm_since)  # a wide turn's tokens, as a provider counts them
         for latency_ms in latency:
             for workload in workloads:
                 measure(workload, latency_ms, 1 if WORKLOADS[workload].conversations > 1 else repeat)
@@ -126,21 +136,64 @@ def _timed(workloads, latency, workers, second_cluster, repeat, output, setup) -
             for latency_ms in latency:
                 for workload in loads:
                     measure(workload, latency_ms, 1)
+        if rate_limited:
+            limited = _rate_limited(server, env, limits, logs, workers, second_cluster,
+                                    sorted(latency)[len(latency) // 2], clusters, web, setup, repeat)
     finally:
         for cluster in clusters:
             cluster.stop()
         web.stop()
     queries = _queries_per_step(server)
     server.stop()
-    say(_table(results))
+    if results:
+        say(_table(results))
+    if limited:
+        say(ratelimited.table(limited))
     say("SQL queries per sub-agent step (wide, by agent count): "
         + ", ".join(f"{n} agents: {q}" for n, q in queries.items()))
     report = {"measured_at": now_label(), "machine": _machine(), "setup": setup, "workers": workers,
-              "results": results, "queries_per_agent_step": queries}
+              "results": results, "queries_per_agent_step": queries, RATELIMITED: limited}
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
     say(STYLE.SUCCESS(f"Wrote {path}"))
+
+
+def _rate_limited(server, env, limits, logs, workers, second_cluster, latency_ms, clusters, web, setup,
+                  repeat) -> list[dict]:
+    """The ratelimited workload, `repeat` runs, on a qcluster of its own (then two, with
+    --second-cluster), told the limits as ASSISTANT_PROVIDER_LIMITS, with the SDK's retries
+    at their default. `clusters` is emptied of the others (stopped) and holds these, for
+    the caller to stop."""
+    for cluster in clusters:
+        cluster.stop()
+    clusters.clear()
+    env = {**env, **limits.env(), "ASSISTANT_LLM_MAX_RETRIES": str(SDK_RETRIES)}
+    say(f"  {RATELIMITED}: limits {limits.as_dict()}; the burst needs {limits.demand_tokens} tokens "
+        f"({limits.demand_tokens / limits.tpm:.1f}× the tokens per minute)")
+    found = []
+    for count in (1, 2) if second_cluster else (1,):
+        while len(clusters) < count:
+            cluster = Cluster.start(env=env, log_path=logs / f"qcluster-limited-{len(clusters) + 1}.log",
+                                    workers=workers)
+            clusters.append(cluster)
+            cluster.wait_ready()
+            cluster.wait_warm(workers)
+            server.rate_limit = None
+            run_workload(workload=WORKLOADS["wide"], latency_ms=latency_ms, server=server, clusters=clusters,
+                         web=web, setup=setup, workers=workers)  # its warm-up, not reported
+        runs = []
+        for _ in range(repeat):
+            say(f"  running {RATELIMITED} on {count} qcluster(s) at {latency_ms} ms …", end="")
+            result = ratelimited.run_ratelimited(server=server, limits=limits, latency_ms=latency_ms,
+                                                 clusters=clusters, setup=setup, workers=workers)
+            result.sdk_retries_in_env = SDK_RETRIES
+            server.rate_limit = None
+            runs.append(result.as_dict())
+            say(f" {result.rate_limited} 429s ({result.rate_limited_pct}% of {result.requests}), "
+                f"{result.agents_failed}/{result.agents} agents failed, {result.tokens_per_minute_pct}% of the TPM")
+        found += runs + ([ratelimited.pooled(runs)] if len(runs) > 1 else [])
+    return found
 
 
 def _queries_per_step(server: ScriptedLLM) -> dict[int, float]:

@@ -20,13 +20,27 @@ without choices when `stream_options.include_usage` asks for it, then `[DONE]`;
 `chunk_interval` paces the chunks and `Reply.stall` stops sending mid-stream. A server
 without streaming ignores the flag and answers whole (`streaming="plain"`) or refuses
 the request (`streaming="refuse"`, HTTP 400).
+
+It enforces a provider's rate limits when given them (`rate_limit=RateLimit(rpm=300,
+tpm=60_000)`, per API key): requests and tokens per minute, each a token bucket that
+refills at the rate and holds a burst. A request is charged what OpenAI charges when it
+arrives: its prompt at CHUNK_CHARS characters a token plus its output allowance
+(`max_tokens`, or `RateLimit.default_max_tokens`), see `request_tokens`. Past either
+limit it answers at once with HTTP 429, OpenAI's error body ("rate_limit_exceeded"),
+`Retry-After` in whole seconds (and `retry-after-ms` if asked) and the `x-ratelimit-*`
+headers, which every answer under a limit carries, streamed ones too. `max_in_flight`
+caps the requests being answered at once, as a self-hosted server does (429 past it).
+`answers` records every answer (arrival, answer, status, key, tokens charged) and
+`rate_limited` counts the 429s.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -84,6 +98,114 @@ def with_burst(respond: Callable[[dict], Reply], *, count: int, status: int = 50
     return respond_or_fail
 
 
+@dataclass(frozen=True)
+class RateLimit:
+    """A provider's limits for each API key (each key has its own buckets).
+
+    Requests and tokens per minute, each a token bucket refilled continuously at the
+    rate and holding `burst_*` (by default two seconds' worth, at least one request):
+    `RateLimit(rpm=300)` lets 10 requests through at once, then 5 a second. A request
+    costing more tokens than the bucket holds passes when the bucket is full and leaves
+    it in debt, so a large request is slowed, never refused for ever. None: no limit.
+    """
+
+    rpm: float | None = None
+    tpm: float | None = None
+    burst_requests: float | None = None
+    burst_tokens: float | None = None
+    default_max_tokens: int = 1024  # the output allowance charged for a request without max_tokens
+    retry_after_ms: bool = False  # also send `retry-after-ms` (the SDK prefers it to Retry-After)
+
+    def buckets(self, now: float) -> dict[str, _Bucket]:
+        found = {}
+        for name, per_minute, burst in (("requests", self.rpm, self.burst_requests),
+                                         ("tokens", self.tpm, self.burst_tokens)):
+            if per_minute is not None:
+                capacity = burst if burst is not None else max(per_minute / 30, 1.0)
+                found[name] = _Bucket(per_minute, per_minute / 60, capacity, capacity, now)
+        return found
+
+
+@dataclass
+class _Bucket:
+    limit: float  # per minute, as the x-ratelimit-limit-* header says
+    rate: float  # per second
+    capacity: float
+    level: float
+    updated: float
+
+    def refill(self, now: float) -> None:
+        self.level = min(self.capacity, self.level + (now - self.updated) * self.rate)
+        self.updated = now
+
+    def wait(self, cost: float) -> float:
+        """Seconds until `cost` may be taken (0: now)."""
+        needed = min(cost, self.capacity)
+        return 0.0 if self.level >= needed else (needed - self.level) / self.rate
+
+    def headers(self, name: str) -> dict[str, str]:
+        return {f"x-ratelimit-limit-{name}": str(int(self.limit)),
+                f"x-ratelimit-remaining-{name}": str(max(0, math.floor(self.level))),
+                f"x-ratelimit-reset-{name}": duration((self.capacity - self.level) / self.rate)}
+
+
+def duration(seconds: float) -> str:
+    """A duration as OpenAI's x-ratelimit-reset-* headers write it: "20ms", "1.2s", "6m0s"."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    minutes, rest = divmod(round(seconds, 3), 60)
+    hours, minutes = divmod(int(minutes), 60)
+    text = f"{rest:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
+
+
+def request_tokens(request: dict, default_max_tokens: int = 1024) -> int:
+    """The tokens a provider charges a request when it arrives, as OpenAI counts them:
+    the prompt (every message's text, its tool calls' names and arguments, and the tool
+    definitions as JSON) at CHUNK_CHARS characters a token, plus the output allowance
+    (`max_tokens` or `max_completion_tokens`, else `default_max_tokens`)."""
+    chars = len(json.dumps(request["tools"])) if request.get("tools") else 0
+    for message in request.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            chars += len(function.get("name") or "") + len(function.get("arguments") or "")
+    allowance = request.get("max_tokens") or request.get("max_completion_tokens") or default_max_tokens
+    return -(-chars // CHUNK_CHARS) + allowance
+
+
+@dataclass
+class Answer:
+    """One request as the server saw it (`ScriptedLLM.answers`), epoch seconds."""
+
+    index: int  # in `requests`
+    arrived: float
+    answered: float
+    status: int
+    key: str  # the API key (the bearer token)
+    project: str  # the OpenAI-Project header (the SDK sends OPENAI_PROJECT_ID): tells clients apart
+    tokens: int  # charged against the token limit (0 when refused, or no limit is set)
+    refused: str = ""  # why the server refused it: "requests", "tokens" or "concurrency"
+
+
+def rate_limited(message: str, kind: str, retry_after: float, *, code: str = "rate_limit_exceeded",
+                 milliseconds: bool = False) -> Reply:
+    """HTTP 429 as OpenAI sends it: the error body the SDK reads and `Retry-After`."""
+    headers = {"retry-after": str(max(1, math.ceil(retry_after)))}
+    if milliseconds:
+        headers["retry-after-ms"] = str(max(1, math.ceil(retry_after * 1000)))
+    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return Reply(status=429, body=json.dumps(body), headers=headers)
+
+
 TOOL_CALL_IDS = ("fresh", "reused", "scripted")
 STREAMING = ("sse", "plain", "refuse")
 CHUNK_CHARS = 4  # about a token
@@ -95,10 +217,16 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 512
     daemon_threads = True
 
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return  # a client closed its kept-alive connection (a worker stopped, or was killed)
+        super().handle_error(request, client_address)
+
 
 class ScriptedLLM:
     def __init__(self, respond: Callable[[dict], Reply] | None = None, latency: float = 0.0, ids: str = "fresh",
-                 streaming: str = "sse", chunk_interval: float = 0.0):
+                 streaming: str = "sse", chunk_interval: float = 0.0, rate_limit: RateLimit | None = None,
+                 max_in_flight: int | None = None):
         if ids not in TOOL_CALL_IDS:
             raise ValueError(f"ids must be one of {TOOL_CALL_IDS}")
         if streaming not in STREAMING:
@@ -115,10 +243,72 @@ class ScriptedLLM:
         self.timeline: list[tuple[int, float, float]] = []
         self.in_flight = 0  # requests being answered now (the latency included)
         self.peak_in_flight = 0
+        self.answers: list[Answer] = []
+        # Requests admitted and not yet fully answered (a stream until its last chunk):
+        # what `max_in_flight` caps, as a self-hosted server caps the requests it serves.
+        self.max_in_flight = max_in_flight
+        self.admitted = 0
+        self.peak_admitted = 0  # the most at once (a test may set it back to 0)
         self._lock = threading.Lock()
+        self._buckets: dict[str, dict[str, _Bucket]] = {}
+        self.rate_limit = rate_limit
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def rate_limit(self) -> RateLimit | None:
+        return self._rate_limit
+
+    @rate_limit.setter
+    def rate_limit(self, limit: RateLimit | None) -> None:
+        """Setting the limits (or setting them again) starts every key with full buckets."""
+        with self._lock:
+            self._rate_limit = limit
+            self._buckets = {}
+
+    @property
+    def rate_limited(self) -> int:
+        """The 429s answered (refused by the limits, or scripted)."""
+        return sum(answer.status == 429 for answer in self.answers)
+
+    def _admit(self, request: dict, key: str) -> tuple[str, Reply | None, dict[str, str], int]:
+        """Under the lock: (why it is refused or "", the 429 if it is, the x-ratelimit-*
+        headers, the tokens charged). An admitted request is in flight until answered."""
+        headers: dict[str, str] = {}
+        if self.max_in_flight is not None and self.admitted >= self.max_in_flight:
+            return "concurrency", rate_limited(f"Too many requests in flight: limit {self.max_in_flight}.",
+                                               "requests", 1.0, code="concurrency_limit_exceeded"), headers, 0
+        limit = self._rate_limit
+        if limit is None:
+            self._count_admitted()
+            return "", None, headers, 0
+        now = time.time()
+        buckets = self._buckets.get(key)
+        if buckets is None:
+            buckets = self._buckets[key] = limit.buckets(now)
+        cost = {"requests": 1, "tokens": request_tokens(request, limit.default_max_tokens)}
+        for bucket in buckets.values():
+            bucket.refill(now)
+        waits = {name: bucket.wait(cost[name]) for name, bucket in buckets.items()}
+        kind = max(waits, key=waits.get) if waits else None
+        if kind is not None and waits[kind] > 0:
+            for name, bucket in buckets.items():
+                headers.update(bucket.headers(name))
+            bucket = buckets[kind]
+            message = (f"Rate limit reached for {request.get('model', 'scripted')} on {kind} per min "
+                       f"({'RPM' if kind == 'requests' else 'TPM'}): Limit {int(bucket.limit)}, "
+                       f"Requested {cost[kind]}. Please try again in {duration(waits[kind])}.")
+            return kind, rate_limited(message, kind, waits[kind], milliseconds=limit.retry_after_ms), headers, 0
+        for name, bucket in buckets.items():
+            bucket.level -= cost[name]
+            headers.update(bucket.headers(name))
+        self._count_admitted()
+        return "", None, headers, cost["tokens"] if "tokens" in buckets else 0
+
+    def _count_admitted(self) -> None:
+        self.admitted += 1
+        self.peak_admitted = max(self.peak_admitted, self.admitted)
 
     @property
     def url(self) -> str:
@@ -148,9 +338,30 @@ class ScriptedLLM:
                 length = int(self.headers.get("Content-Length") or 0)
                 request = json.loads(self.rfile.read(length) or b"{}")
                 arrived = time.time()
+                key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+                project = self.headers.get("OpenAI-Project") or ""
                 with scripted._lock:
                     index = len(scripted.requests)
                     scripted.requests.append(request)
+                    refused, refusal, limit_headers, tokens = scripted._admit(request, key)
+
+                def answered(status: int, refused: str = "") -> None:
+                    with scripted._lock:
+                        now = time.time()
+                        scripted.timeline.append((index, arrived, now))
+                        scripted.answers.append(Answer(index, arrived, now, status, key, project, tokens, refused))
+
+                if refusal is not None:  # refused before the model runs, at once
+                    self._send(replace(refusal, headers={**limit_headers, **refusal.headers}), request,
+                               lambda: answered(429, refused))
+                    return
+                try:
+                    self._answer(request, limit_headers, answered)
+                finally:
+                    with scripted._lock:
+                        scripted.admitted -= 1
+
+            def _answer(self, request: dict, limit_headers: dict, answered: Callable[..., None]):
                 try:
                     if scripted.respond is None:
                         raise AssertionError("no script set for this request")
@@ -163,6 +374,8 @@ class ScriptedLLM:
                     reply = http_error(500, f"unscripted request: {exc}")
                     reply.headers = {"x-should-retry": "false"}
                 reply = scripted._with_ids(reply)
+                if limit_headers:
+                    reply = replace(reply, headers={**limit_headers, **reply.headers})
                 with scripted._lock:
                     scripted.in_flight += 1
                     scripted.peak_in_flight = max(scripted.peak_in_flight, scripted.in_flight)
@@ -173,9 +386,11 @@ class ScriptedLLM:
                         scripted.in_flight -= 1
                 if request.get("stream") and scripted.streaming == "sse" and reply.status == 200 and reply.body is None:
                     self._stream(request, reply)
-                    with scripted._lock:
-                        scripted.timeline.append((index, arrived, time.time()))
+                    answered(200)
                     return
+                self._send(reply, request, lambda: answered(reply.status))
+
+            def _send(self, reply: Reply, request: dict, answered: Callable[[], None]):
                 body = reply.body if reply.body is not None else json.dumps(_completion(request, reply))
                 data = body.encode()
                 self.send_response(reply.status)
@@ -183,8 +398,7 @@ class ScriptedLLM:
                 for key, value in headers.items():
                     self.send_header(key, value)
                 self.end_headers()
-                with scripted._lock:
-                    scripted.timeline.append((index, arrived, time.time()))
+                answered()
                 self.wfile.write(data)
 
             def _stream(self, request: dict, reply: Reply):
