@@ -28,7 +28,7 @@ from tests.live.conftest import wait_for
 from tests.live.test_qcluster import SEARCH, turn_done
 from tests.support.llm_server import Agent, Plan, RateLimit, http_error
 
-pytestmark = [pytest.mark.slow, pytest.mark.limiter, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 MODEL = "gpt-4o-mini"  # the default model of the orchestrator and the agents
 PROJECTS = ("cluster-a", "cluster-b")

@@ -24,7 +24,7 @@ from django.db import connection
 from orchestration.llm.capacity.headers import retry_after_seconds
 from orchestration.llm.capacity.limiter import Endpoint, Grant, Limiter, Priority, Stopped
 from orchestration.llm.capacity.limits import settings_checked
-from orchestration.llm.capacity.stores import DatabaseStore, MemoryStore, RedisStore
+from orchestration.llm.capacity.stores import DatabaseStore, RedisStore
 
 __all__ = ["Endpoint", "Grant", "Limiter", "Priority", "Stopped", "process_limiter", "retry_after_seconds",
            "store_for_deployment"]
@@ -33,12 +33,15 @@ _limiters: dict[tuple, Limiter] = {}
 
 
 def store_for_deployment(offload):
-    """Redis when REDIS_URL is set, else PostgreSQL's table, else this process's memory."""
+    """Redis when REDIS_URL is set, else the database's table: on the embedded default
+    too, since even one qcluster there is several worker processes (SQLite's IMMEDIATE
+    transactions serialise the accounting; a model with no limit costs no write)."""
     if settings.REDIS_URL:
         return RedisStore(settings.REDIS_URL)
-    if connection.vendor == "postgresql":
-        return DatabaseStore(offload)
-    return MemoryStore()
+    return DatabaseStore(offload)
+
+
+SDK_MOST_BACKOFF_SECONDS = 8.0  # the openai SDK's longest wait between two tries
 
 
 def process_limiter(offload) -> Limiter | None:
@@ -47,7 +50,11 @@ def process_limiter(offload) -> Limiter | None:
     if not settings.ASSISTANT_PROVIDER_LIMITER:
         return None
     settings_checked()
-    ttl = settings.ASSISTANT_LLM_TIMEOUT_SECONDS * (settings.ASSISTANT_LLM_MAX_RETRIES + 1) + 30
+    # A call's slot lasts as long as the call can: its timeout for each of the SDK's tries,
+    # the SDK's waits between them (8 s at most each), and a moment. A dead process's slot
+    # frees no later than that.
+    retries = settings.ASSISTANT_LLM_MAX_RETRIES
+    ttl = settings.ASSISTANT_LLM_TIMEOUT_SECONDS * (retries + 1) + SDK_MOST_BACKOFF_SECONDS * retries + 2
     key = (settings.REDIS_URL, connection.vendor, settings.ASSISTANT_PROVIDER_CONCURRENCY, ttl)
     if key not in _limiters:
         _limiters[key] = Limiter(store_for_deployment(offload), concurrency=settings.ASSISTANT_PROVIDER_CONCURRENCY,

@@ -3,11 +3,12 @@
 - RedisStore (REDIS_URL set): one hash per (endpoint, model) and one sorted set of the
   calls in flight per endpoint, changed atomically by one Lua script (the steps of
   buckets.py); keys expire after a day unused.
-- DatabaseStore (PostgreSQL without Redis): one ProviderCapacity row per (endpoint,
+- DatabaseStore (no Redis: PostgreSQL, or the embedded SQLite): one ProviderCapacity row per (endpoint,
   model), and one per endpoint for its calls in flight, locked (SELECT ... FOR UPDATE, in
   key order) for one short transaction; run off the event loop by `offload` (the
   runner's database threads), so a waiter holds no connection between its looks.
-- MemoryStore (the embedded SQLite default: one process): a dict under a lock.
+- MemoryStore: one process's accounting, a dict under a lock (tests, and any caller that
+  needs no sharing).
 
 Each method takes the caller's clock reading (`now`, seconds since the epoch): every
 machine of a deployment is expected to keep NTP time, as the leases already do.
@@ -88,7 +89,7 @@ class MemoryStore(_DictStore):
 
 # How long a process trusts that a model without limits has none (no 429 hold, no limit
 # stated in another process's headers) before it reads the row again.
-UNMETERED_SECONDS = 1.0
+UNMETERED_SECONDS = 0.1
 
 
 class DatabaseStore(_DictStore):
