@@ -179,6 +179,33 @@ def test_fair_order_in_a_process():
     assert queue.head() is late  # user 2 has had no turn; user 1 has had two
 
 
+def test_a_users_single_question_goes_before_twenty_users_bursts():
+    """Twenty users, four agent calls each waiting, served in rounds for a while; then one
+    more user asks (its orchestrator call, later its one agent's): each goes next, not
+    after a round of the twenty (issue 26: within a few calls, not twenty)."""
+    queue, seq = _Queue(), iter(range(10_000))
+    for user in range(20):
+        for _ in range(4):
+            queue.add(_Waiter(Priority(orchestrator=False, user=user, depth=1), seq=next(seq)))
+    for _ in range(30):  # a round and a half: every user has been served once or twice
+        head = queue.head()
+        queue.admitted(head)
+        queue.remove(head)
+        queue.add(_Waiter(head.priority, seq=next(seq)))  # the agent's next call
+    burst_orchestrator = _Waiter(Priority(orchestrator=True, user=0, depth=0), seq=next(seq))
+    queue.add(burst_orchestrator)
+    question = _Waiter(Priority(orchestrator=True, user=99, depth=0), seq=next(seq))
+    queue.add(question)
+    assert queue.head() is question  # user 0 has four calls waiting, user 99 one
+    queue.admitted(question)
+    queue.remove(question)
+    queue.admitted(burst_orchestrator)
+    queue.remove(burst_orchestrator)
+    agent = _Waiter(Priority(orchestrator=False, user=99, depth=1), seq=next(seq))
+    queue.add(agent)
+    assert queue.head() is agent
+
+
 async def test_a_hold_from_one_limiter_makes_the_other_wait():
     store = MemoryStore()
     first, second = fast_limiter(store), fast_limiter(store)

@@ -5,11 +5,14 @@ store (stores.py) admits it, and settles the grant with the tokens the provider 
 
 Who goes first. In a process, the waiters of one (endpoint, model) form a queue and only
 its head asks the store; the head is the first by
-  (orchestrator before sub-agent, the user's share so far, depth, arrival):
-the user's question first; then a round-robin across users (each user's count of
-admitted calls, a user who starts waiting starting at the count of the last call
-admitted, so one user's twenty agents take turns with another's one); and a nested agent
-never before its parent's generation. Across processes the guarantee is weaker: an
+  (orchestrator before sub-agent, the user's calls waiting here, the user's share so
+  far, depth, arrival):
+the user's question first; then the user with the fewest calls waiting, so one user's
+single question goes before the next call of users whose many agents wait (a round-robin
+alone gave it one call in a round of every busy user: twenty users' bursts made it wait
+twenty calls each time); among users with as many waiting, a round-robin (each user's
+count of admitted calls, a user who starts waiting starting at the count of the last call
+admitted); and a nested agent never before its parent's generation. Across processes the guarantee is weaker: an
 orchestrator that is refused marks the store `urgent`, and every process's sub-agent
 calls then wait until it went (or the mark lapses, half a second after its expected
 turn); fairness between users holds within each process, and processes compete as
@@ -111,20 +114,22 @@ class _Queue:
 
     def __init__(self):
         self.waiters: list[_Waiter] = []
+        self.waiting: dict[int | None, int] = defaultdict(int)  # user → its calls waiting here
         self.served: dict[int | None, int] = defaultdict(int)
         self.vtime = 0
 
     def order(self, waiter: _Waiter) -> tuple:
         p = waiter.priority
-        return (0 if p.orchestrator else 1, self.served[p.user], p.depth, waiter.seq)
+        return (0 if p.orchestrator else 1, self.waiting[p.user], self.served[p.user], p.depth, waiter.seq)
 
     def head(self) -> _Waiter | None:
         return min(self.waiters, key=self.order, default=None)
 
     def add(self, waiter: _Waiter) -> None:
         user = waiter.priority.user
-        if not any(w.priority.user == user for w in self.waiters):
+        if not self.waiting[user]:
             self.served[user] = max(self.served[user], self.vtime)
+        self.waiting[user] += 1
         self.waiters.append(waiter)
 
     def admitted(self, waiter: _Waiter) -> None:
@@ -134,6 +139,10 @@ class _Queue:
 
     def remove(self, waiter: _Waiter) -> None:
         self.waiters.remove(waiter)
+        user = waiter.priority.user
+        self.waiting[user] -= 1
+        if not self.waiting[user]:
+            del self.waiting[user]
         if not self.waiters:
             self.served.clear()
             self.vtime = 0
