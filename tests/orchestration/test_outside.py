@@ -148,7 +148,7 @@ def ended_answered(turn: Turn) -> None:
 
 
 def ended_dead_lettered(turn: Turn) -> None:
-    Turn.objects.filter(pk=turn.pk).update(lease_token="held", step_attempts=99,
+    Turn.objects.filter(pk=turn.pk).update(lease_token="held", crashes=99,
                                            lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert reap_expired()["turns_dead"] == 1
 
