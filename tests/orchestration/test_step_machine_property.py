@@ -55,6 +55,7 @@ STEP_MACHINE_EXAMPLES (default 25) sets the number of examples.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -71,14 +72,16 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
+)
 
 from orchestration import runner
 from orchestration.engine import loop
 from orchestration.engine.agent import Agent, _key
 from orchestration.engine.orchestrator import Orchestrator
 from orchestration.models import (
-    ACTIVE_TURN_STATUSES, AgentDispatch, AgentProfile, DispatchState, LLMCall, Message, SkillApproval, SkillExecution,
+    AgentDispatch, AgentProfile, DispatchState, LLMCall, Message, SkillApproval, SkillExecution,
     Turn, TurnPause, TurnStatus,
 )
 from orchestration.questions.approvals import StaleAnswer, approval_answer
@@ -243,6 +246,20 @@ def event(what: str) -> None:
     STATISTICS[what] += 1
 
 
+def guarded(method):
+    """A rule or an invariant: the end is checked only if every one of them finished
+    (a failure is reported as it is, not as whatever a run to the end makes of it)."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        self.finished_rule = False
+        result = method(self, *args, **kwargs)
+        self.finished_rule = True
+        return result
+
+    return wrapped
+
+
 class StepMachine(RuleBasedStateMachine):
     # set by the test
     llm = None
@@ -337,10 +354,10 @@ class StepMachine(RuleBasedStateMachine):
 
     # --- the worker, and what can happen to it ------------------------------------------------
 
-    def deliver(self, fault: str | None = None, at: int = 0) -> None:
+    def deliver(self, fault: str | None = None, at: int = 0, query: int = 1) -> None:
         func, args = self.tasks.pop(0)
         self.ledger.delivery += 1
-        self.injection = {"fault": fault, "at": at, "points": 0, "dead": False, "armed": False}
+        self.injection = {"fault": fault, "at": at, "points": 0, "dead": False, "armed": 0, "query": query}
         died = False
         try:
             with connection.execute_wrapper(self.failing_query):
@@ -368,7 +385,8 @@ class StepMachine(RuleBasedStateMachine):
             injection["dead"] = True
             raise WorkerDied(where)
         if fault == "transient":
-            injection["armed"] = True  # the next query fails (and is logged when it does)
+            injection["armed"] = injection["query"]  # that query from here fails (logged when it does)
+            injection["where"] = where
         elif fault == "stall":
             self.ledger.add("fault", f"stall {where}")
             await REAL["db"](self.quietly, lambda: self.reap(advance=True))
@@ -385,60 +403,54 @@ class StepMachine(RuleBasedStateMachine):
     def failing_query(self, execute, sql, params, many, context):
         injection = self.injection
         if injection is not None and injection["armed"] and not self.quiet:
-            injection["armed"] = False
-            self.ledger.add("fault", f"transient at {sql[:60]}")
-            raise OperationalError("could not serialize access due to concurrent update") from SerializationFailure()
+            injection["armed"] -= 1
+            if injection["armed"] == 0:
+                self.ledger.add("fault", f"transient {injection['where']}: {sql[:40]}")
+                raise OperationalError("could not serialize access due to concurrent update") from SerializationFailure()
         return execute(sql, params, many, context)
 
     # --- rules ------------------------------------------------------------------------------
 
-    def rule_started(self):
-        self.finished_rule = False
-
-    def rule_done(self):
-        self.finished_rule = True
-
     @precondition(lambda self: self.tasks)
     @rule(again=st.sampled_from([False, False, False, True]))
+    @guarded
     def deliver_next(self, again):
         """The next task; `again`: the broker will deliver it a second time, later."""
-        self.rule_started()
         task = self.tasks[0]
         self.deliver()
         if again:
             self.tasks.append(task)
-        self.rule_done()
 
     @precondition(lambda self: self.tasks)
     @rule()
+    @guarded
     def deliver_next_plainly(self):  # (plain deliveries twice as likely as faulty ones)
         self.deliver_next(again=False)
 
     @precondition(lambda self: self.tasks)
     @rule(fault=st.sampled_from(["crash", "crash", "transient", "transient", "stall", "stop"]),
-          at=st.integers(1, 14))
-    def deliver_next_with_a_fault(self, fault, at):
-        """The next task, with `fault` at the delivery's point `at` (if it gets that far)."""
-        self.rule_started()
-        self.deliver(fault, at)
+          at=st.integers(1, 14), query=st.integers(1, 8))
+    @guarded
+    def deliver_next_with_a_fault(self, fault, at, query):
+        """The next task, with `fault` at the delivery's point `at` (if it gets that far);
+        a transient error fails the `query`th query from there."""
+        self.deliver(fault, at, query)
         if fault == "stop" and self.turn().status == TurnStatus.STOPPED:
             self.stopped = True
-        self.rule_done()
 
     @precondition(lambda self: self.turn_pk and self.pause() is not None and self.approval() is None)
     @rule()
+    @guarded
     def press_continue(self):
-        self.rule_started()
         try:
             turn_continue(turn=self.turn(), user=self.user)
         except TurnRefused:  # no Continue left: Stop is
             self.stop()
-        self.rule_done()
 
     @precondition(lambda self: self.turn_pk and self.approval() is not None)
     @rule(approve=st.booleans(), stale=st.sampled_from([False, False, False, True]))
+    @guarded
     def answer_approval(self, approve, stale):
-        self.rule_started()
         asked = self.approval()
         digest = asked.digest if not stale else "0" * 64
         try:
@@ -447,31 +459,30 @@ class StepMachine(RuleBasedStateMachine):
         except StaleAnswer:
             assert stale
             assert self.approval() == asked and self.turn().status == TurnStatus.PAUSED
-        self.rule_done()
 
     @rule(go=st.integers(0, 19))
+    @guarded
     def press_stop(self, go):
         """The owner's Stop, now and then."""
         if go == 13 and self.turn_pk:
-            self.rule_started()
             self.stop()
-            self.rule_done()
 
     @precondition(lambda self: self.turn_pk)
     @rule(advance=st.booleans())
+    @guarded
     def reaper_runs(self, advance):
-        self.rule_started()
         self.reap(advance=advance)
-        self.rule_done()
 
     # --- invariants -------------------------------------------------------------------------
 
     @invariant()
+    @guarded
     def only_dead_workers_hold_leases(self):
         if self.turn_pk:
             assert self.held() <= self.orphans, (self.held() - self.orphans, self.ledger.entries[-5:])
 
     @invariant()
+    @guarded
     def crashes_are_expired_leases_only(self):
         if not self.turn_pk:
             return
@@ -487,6 +498,7 @@ class StepMachine(RuleBasedStateMachine):
         assert turn.crashes == expected, (turn.crashes, expected)
 
     @invariant()
+    @guarded
     def no_side_effect_twice(self):
         if not self.turn_pk:
             return
@@ -505,11 +517,13 @@ class StepMachine(RuleBasedStateMachine):
         assert all(n == 1 for n in keys.values()), keys
 
     @invariant()
+    @guarded
     def no_answer_paid_twice(self):
         if self.turn_pk:
             self.ledger.check()
 
     @invariant()
+    @guarded
     def transient_errors_are_never_failures(self):
         if not self.turn_pk:
             return
@@ -600,6 +614,9 @@ class StepMachine(RuleBasedStateMachine):
                         dispatch.agent_id, dispatch.close_reason, parent and (parent.outcome, parent.error))
 
         faults = Counter(what.split()[0] for kind, what, _ in self.ledger.entries if kind == "fault")
+        for kind, what, _ in self.ledger.entries:
+            if kind == "fault":
+                event("fault: " + " ".join(what.split(":")[0].split()[:3]))
         event(f"turn {turn.status}" + (" (dead-lettered)" if "dead-lettered" in turn.error else ""))
         for kind, n in faults.items():
             event(f"{kind} faults: {min(n, 3)}{'+' if n >= 3 else ''}")
@@ -651,6 +668,7 @@ def engine_points(monkeypatch):
                              else ("orchestrator", step))
             return result
 
+        store.__qualname__ = real.__qualname__
         return store
 
     monkeypatch.setattr(Agent, "store", logged_store(Agent.store, lambda agent, step: _key(agent.dispatch, step)))
