@@ -22,7 +22,8 @@ Order of a call:
 
 Handlers never crash the caller: SkillError, timeouts and unexpected exceptions all
 become error outcomes. Only `before_run`'s exceptions, the worker's own timeout and
-database failures while recording propagate.
+database failures (while recording, or in the handler: OperationalError, InterfaceError)
+propagate; the call stays open, and runs when its caller tries again.
 
 A handler may call another skill (`execute_skill` from inside it). That nested call is
 the running call's child and inherits its grant (a handler cannot widen it), its
@@ -54,7 +55,7 @@ from enum import StrEnum
 
 from django.apps import apps
 from django.conf import settings
-from django.db import IntegrityError, models, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, models, transaction
 from django.utils import timezone
 
 from skills.base import Skill, SkillError
@@ -463,6 +464,11 @@ def _handler_data(skill: Skill, *, user, arguments: dict, row) -> dict:
         # A permanent error ("task 12 not found") is a correct answer to a bad request.
         raise _Failed(_failure(ErrorKind.FAILED, exc.message, retryable=not exc.permanent),
                       outage=not exc.permanent) from None
+    except (OperationalError, InterfaceError):
+        # The database failed, not the skill (a lost connection, a serialization failure,
+        # a deadlock): no answer to the call. Its writes roll back, its row stays open, and
+        # the caller decides: the engine runs the step again and the call runs then.
+        raise
     except Exception as exc:
         # A bug, most likely set off by what the model sent: logged, and answered. Only the
         # skill's named outside failures (OSError: connections, sockets) count as an outage.

@@ -56,6 +56,7 @@ def _reap_turn(turn_id: int, now, stale_before, counts: dict) -> None:
         counts["crashes"] += 1
         crashes = turn.crashes + 1
         if crashes >= settings.ASSISTANT_MAX_STEP_ATTEMPTS:
+            Turn.objects.filter(pk=turn.pk).update(crashes=crashes)  # as a dead-lettered agent's are
             turn_fail(turn_id=turn.pk, token=turn.lease_token,
                       error=f"The orchestrator's worker stopped {crashes} times; giving up (dead-lettered).")
             counts["turns_dead"] += 1
