@@ -21,6 +21,7 @@ from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.budgets.pricing import call_cost
 from orchestration.budgets.spending import Reservation, spend_release, spend_reserve, spend_settle
 from orchestration.delivery import runner
+from orchestration.delivery.dbretry import is_transient
 from orchestration.delivery.leases import LeaseLost, lease_until, new_token
 from orchestration.engine import steps
 from orchestration.engine.delegation import (
@@ -335,7 +336,12 @@ class _DraftWriter:
         now = asyncio.get_running_loop().time()
         if now - self.written_at >= settings.ASSISTANT_STREAM_INTERVAL_SECONDS:
             self.written_at = now
-            await runner.db(turn_draft_save, turn=self.turn, token=self.token, text=text)
+            try:
+                await runner.db(turn_draft_save, turn=self.turn, token=self.token, text=text)
+            except Exception as exc:  # a draft is cosmetic: never cut a paid call short for it
+                if not is_transient(exc):
+                    raise
+                logger.info("turn %s: a draft was not saved (%s); the answer is stored whole", self.turn.pk, exc)
 
 
 def _last_seq(turn: Turn) -> int:
