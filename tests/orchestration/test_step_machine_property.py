@@ -73,21 +73,34 @@ from django.utils.module_loading import import_string
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
 )
 
-from orchestration import runner
+from orchestration.delivery import runner
 from orchestration.engine import loop
 from orchestration.engine.agent import Agent, _key
 from orchestration.engine.orchestrator import Orchestrator
+from orchestration.lifecycle.reaper import reap_expired
+from orchestration.lifecycle.turns import TurnRefused, turn_start, turn_stop
 from orchestration.models import (
-    AgentDispatch, AgentProfile, DispatchState, LLMCall, Message, SkillApproval, SkillExecution,
-    Turn, TurnPause, TurnStatus,
+    AgentDispatch,
+    AgentProfile,
+    DispatchState,
+    LLMCall,
+    Message,
+    SkillApproval,
+    SkillExecution,
+    Turn,
+    TurnPause,
+    TurnStatus,
 )
 from orchestration.questions.approvals import StaleAnswer, approval_answer
 from orchestration.questions.pauses import APPROVAL, turn_continue
-from orchestration.reaper import reap_expired
-from orchestration.turns import TurnRefused, turn_start, turn_stop
 from skills.domains.email.models import OutboxEmail
 from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
@@ -674,7 +687,7 @@ def engine_points(monkeypatch):
     monkeypatch.setattr(Agent, "store", logged_store(Agent.store, lambda agent, step: _key(agent.dispatch, step)))
     monkeypatch.setattr(Orchestrator, "store", logged_store(Orchestrator.store,
                                                             lambda orch, step: f"orchestrator:{step + 1}"))
-    monkeypatch.setattr("orchestration.dbretry.FIRST_WAIT_SECONDS", 0.001)
+    monkeypatch.setattr("orchestration.delivery.dbretry.FIRST_WAIT_SECONDS", 0.001)
     return machine
 
 
@@ -689,7 +702,7 @@ def shifted_clock(monkeypatch):
 
 def test_the_step_machine(llm, settings, engine_points, shifted_clock, monkeypatch):
     tasks: list = []
-    monkeypatch.setattr("orchestration.tasks.async_task", lambda func, *args: tasks.append((func, args)))
+    monkeypatch.setattr("orchestration.delivery.queue.async_task", lambda func, *args: tasks.append((func, args)))
     AgentProfile.objects.get_or_create(name="lead", defaults={
         "description": "Delegates.", "system_prompt": "You lead.", "may_delegate": True, "max_tool_calls": 5})
     machine_class = type("Machine", (StepMachine,), {"llm": llm, "settings": settings, "tasks": tasks,
