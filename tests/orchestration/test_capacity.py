@@ -94,9 +94,23 @@ async def test_the_providers_headers_correct_the_configured_limit(two):
     headers = {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "0",
                "x-ratelimit-reset-requests": "2s", "x-ratelimit-limit-tokens": "1000"}
     await a.observe(ENDPOINT, MODEL, now=T0, conf=conf, seen=observed(headers))
-    assert await take(b, T0, conf) == pytest.approx(2.0)  # nothing remains until the reset
+    assert await take(b, T0, conf) == pytest.approx(1.0)  # nothing remains: one request refills in 1 s
     assert await take(b, T0 + 2.5, conf, tokens=10) == 0
     assert await take(a, T0 + 2.5, conf) == pytest.approx(1.0)  # 60 a minute now, not 6000
+
+
+async def test_nothing_remaining_waits_for_the_refill_not_the_reset(two):
+    """x-ratelimit-reset-tokens is when the provider's bucket is full again: the next call
+    goes when its own tokens have refilled (a limiter that admits calls as the bucket
+    refills leaves it empty after most calls; holding every call until the reset stalled
+    them all, the ratelimited bench admitting 53-82 % of the TPM)."""
+    a, b = two
+    conf = Limits(tpm=600, burst_seconds=2)  # 10 tokens a second, 20 at once
+    headers = {"x-ratelimit-limit-tokens": "600", "x-ratelimit-remaining-tokens": "0",
+               "x-ratelimit-reset-tokens": "2s"}
+    await a.observe(ENDPOINT, MODEL, now=T0, conf=conf, seen=observed(headers))
+    assert await take(b, T0, conf, tokens=5) == pytest.approx(0.5)
+    assert await take(b, T0 + 0.5, conf, tokens=5) == 0
 
 
 async def test_a_dead_holders_slot_expires(two):

@@ -14,7 +14,7 @@ What a dead process leaves: the tokens it took refill on their own within the bu
 window, so only a concurrency slot can be held, and a slot expires (`expires`, the grant's
 TTL). Nothing needs cleaning.
 
-`held`: no call until then (a 429's Retry-After, or a header that says nothing remains).
+`held`: no call until then (a 429's Retry-After).
 `urgent`: an orchestrator call is waiting somewhere; until then sub-agent calls are
 refused, so the user's question goes first across processes too.
 
@@ -127,7 +127,7 @@ def hold(state: dict, until: float) -> None:
 
 def observe(state: dict, now: float, *, conf: Limits, seen: Observed) -> None:
     """The provider's word: its stated limits replace the configured ones; what it says
-    remains caps the buckets; nothing remaining holds every call until its reset."""
+    remains caps the buckets."""
     if seen.limit_requests:
         state["rpm"] = seen.limit_requests
     if seen.limit_tokens:
@@ -137,7 +137,8 @@ def observe(state: dict, now: float, *, conf: Limits, seen: Observed) -> None:
         state["r"] = min(state["r"], seen.remaining_requests)
     if tpm and seen.remaining_tokens is not None:
         state["t"] = min(state["t"], seen.remaining_tokens)
-    if seen.remaining_requests == 0 and seen.reset_requests:
-        hold(state, now + seen.reset_requests)
-    if seen.remaining_tokens == 0 and seen.reset_tokens:
-        hold(state, now + seen.reset_tokens)
+    # Nothing remaining is no hold until the reset: x-ratelimit-reset-* is when the bucket
+    # is full again, and the bucket (now empty here too) lets the next call go as soon as
+    # its share has refilled. Holding every call until the reset stalled every process
+    # ~2 s after each call that left the provider's bucket empty, which a limiter that
+    # admits as the bucket refills does all the time (a 429 still holds: Limiter.hold).

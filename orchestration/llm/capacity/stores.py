@@ -263,10 +263,6 @@ elseif op == 'observe' then
   local function given(v) return v ~= nil and v ~= cjson.null end
   if rpm > 0 and given(seen.remaining_requests) then r = math.min(r, seen.remaining_requests) end
   if tpm > 0 and given(seen.remaining_tokens) then t = math.min(t, seen.remaining_tokens) end
-  if seen.remaining_requests == 0 and given(seen.reset_requests) and seen.reset_requests > 0 then
-    held = math.max(held, now + seen.reset_requests) end
-  if seen.remaining_tokens == 0 and given(seen.reset_tokens) and seen.reset_tokens > 0 then
-    held = math.max(held, now + seen.reset_tokens) end
   save()
 end
 return '0'
