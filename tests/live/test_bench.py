@@ -36,6 +36,8 @@ def test_bench_measures_a_workload(tmp_path, capsys):
         "start → first request": 1, "dispatch → agents": 2, "dependency → dependent": 2,
         "agent step": 8, "agents → orchestrator": 1}
     per_step = report["queries_per_agent_step"]
-    assert list(per_step) == ["2", "4", "8"] and len(set(per_step.values())) == 1, per_step
+    # Flat in the number of agents; within a few tenths, since the provider limiter reads
+    # an unmetered model's row at most every 0.1 s per process (a count that depends on time).
+    assert list(per_step) == ["2", "4", "8"] and max(per_step.values()) - min(per_step.values()) <= 0.5, per_step
     table = capsys.readouterr().out
     assert "diamond" in table and "dependency → dependent" in table
