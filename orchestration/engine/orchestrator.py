@@ -303,7 +303,7 @@ class Orchestrator:
         return steps.AGAIN
 
     def too_many_steps(self) -> Next:
-        return steps.done("failed", error=f"no answer after {self.first_step} steps")
+        return steps.done("failed", error="no answer within the engine's step limit")
 
     # --- ending -------------------------------------------------------------------------
 

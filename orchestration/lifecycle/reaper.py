@@ -63,12 +63,11 @@ def _reap_turn(turn_id: int, now, stale_before, counts: dict) -> None:
             return
         Turn.objects.filter(pk=turn.pk).update(crashes=crashes, lease_token="", lease_expires_at=None, queued_at=None)
         turn.lease_token, turn.queued_at = "", None
-    was_waiting = turn.status == TurnStatus.WAITING
-    waiting_agents = turn.dispatches.filter(state=DispatchState.WAITING).count()
     dispatches = list(turn.dispatches.all())
+    waiting = [turn.status == TurnStatus.WAITING, *(d.state == DispatchState.WAITING for d in dispatches)]
     counts["queued_again"] += len(lifecycle.dispatch_schedule(turn, dispatches, stale_before=stale_before))
-    counts["woken"] += (was_waiting and turn.status == TurnStatus.RUNNING) + (
-        waiting_agents - sum(d.state == DispatchState.WAITING for d in dispatches))
+    still = [turn.status == TurnStatus.WAITING, *(d.state == DispatchState.WAITING for d in dispatches)]
+    counts["woken"] += sum(before and not after for before, after in zip(waiting, still))
 
 
 def _dispatch_crashed(dispatch: AgentDispatch) -> bool:
