@@ -34,6 +34,7 @@ def test_the_owner_deletes_a_conversation_from_its_page(servers, visit, alice, b
     expect(tab.page.locator(".conversations")).not_to_contain_text("Old plans")
     expect(tab.page.locator(".conversations")).to_contain_text("Waiting plans")
     assert not Conversation.objects.filter(pk=old.pk).exists()
+    tab.page.wait_for_load_state("load")  # its scripts loaded: leaving now aborts none of them
 
     tab.goto(f"/conversations/{waiting.pk}/delete/")
     expect(tab.page.locator("#delete-refused")).to_contain_text("stop it first")
