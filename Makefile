@@ -23,10 +23,11 @@ demo: migrate
 	$(BIN)/python manage.py demo_user
 	$(BIN)/python manage.py seed_demo --user demo
 
-## Install, migrate, create the demo login, then run the web server and a worker.
+## Install, migrate, create the demo login, then run the web server and a worker (honcho,
+## Procfile) until Ctrl-C, which gives the worker its drain and ends cleanly (assistant/procfile.py).
 run: demo
-	@echo "Open http://127.0.0.1:$${WEB_PORT:-8000}/ and log in with the demo login above."
-	$(BIN)/honcho start
+	@echo "Open http://$${WEB_HOST:-127.0.0.1}:$${WEB_PORT:-8000}/ and log in with the demo login above (a new password each run unless DEMO_PASSWORD is set). Ctrl-C stops."
+	$(BIN)/python -m assistant.procfile
 
 ## Install everything the tests need (Debian's chromium for the browser tests too: as
 ## root, e.g. in CI; otherwise those tests are skipped), then run the whole suite, in

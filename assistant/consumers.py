@@ -12,7 +12,8 @@ Under load (`make load`: 50 sockets, ~25 events a second on 2 cores) two things 
 socket cheap and the handshakes fast:
 
 - One delivery task per socket reads the log when told to. Being told only sets a flag,
-  so a burst of events while a read is running costs one more read, not one per event.
+  and a socket reads at most once per ASSISTANT_PUSH_INTERVAL_SECONDS (the first event
+  after a quiet spell at once): a burst of events costs one read and one render.
 - The database work runs on the event loop's thread pool (assistant/pooled.py), not on
   the one thread that channels shares among every consumer by default.
 
@@ -24,12 +25,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from urllib.parse import parse_qs
 
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.utils import timezone
 
-from assistant.live import Cursor, render_draft, render_events, resume_floor, turn_running
+from assistant.live import (
+    Cursor,
+    panels_for,
+    render_draft,
+    render_events,
+    resume_floor,
+    turn_moved,
+    turn_running,
+)
 from assistant.pooled import pooled
 from assistant.watch import TOO_MANY, poll_interval, socket_join, socket_leave
 from orchestration.models import Conversation
@@ -81,6 +92,8 @@ class ConversationConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code):
         if getattr(self, "deliverer", None):
             self.deliverer.cancel()
+        if getattr(self, "owed_timer", None) is not None:
+            self.owed_timer.cancel()
         self._leave()
         if getattr(self, "group", None):
             await self.channel_layer.group_discard(self.group, self.channel_name)
@@ -95,12 +108,18 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         self.wanted.set()  # the same read sends the answer so far
 
     async def deliver(self):
-        """Read the log when a group message or the conversation's watch asks.
+        """Read the log when a group message or the conversation's watch asks, at most
+        once per push interval.
 
         The flag is cleared before each read, so an event announced during a read is
         read next time; one announced before it is in this read (it committed first)."""
+        loop = asyncio.get_running_loop()
+        pushed_at = float("-inf")
         while True:
             await self.wanted.wait()
+            if (wait := pushed_at + settings.ASSISTANT_PUSH_INTERVAL_SECONDS - loop.time()) > 0:
+                await asyncio.sleep(wait)  # what else arrives meanwhile joins this read
+            pushed_at = loop.time()
             self.wanted.clear()
             try:
                 await self.push()
@@ -113,6 +132,10 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         html = await _render_new(self.conversation, self.cursor)
         if html:
             await self.send(text_data=html)
+        if self.cursor.owed_in is not None:  # busy panels held back: send them when due (one timer)
+            if getattr(self, "owed_timer", None) is not None:
+                self.owed_timer.cancel()
+            self.owed_timer = asyncio.get_running_loop().call_later(self.cursor.owed_in, self.wanted.set)
 
 
 @pooled
@@ -137,4 +160,7 @@ def _render_new(conversation: Conversation, cursor: Cursor) -> str:
     """In the owner's time zone, as their pages are (no request here: no middleware).
     Read once per socket: the owner and their preferences stay cached on it."""
     with timezone.override(user_time_zone(conversation.owner)):
-        return render_events(conversation, cursor.new_events(conversation.pk)) + render_draft(conversation, cursor)
+        events = cursor.new_events(conversation.pk)
+        panels = cursor.panels_due(panels_for(events) if events else frozenset(), time.monotonic(),
+                                   turn_moved=turn_moved(events))
+        return render_events(conversation, events, panels) + render_draft(conversation, cursor)

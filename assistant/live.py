@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Max
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -65,6 +66,24 @@ class Cursor(_Seen):
         # (None: the page's, unknown — sent again once, which does no harm).
         self.turn_running = turn_running
         self.draft: str | None = None
+        self.rendered_at: dict[str, float] = {}  # busy panel → when this socket last sent it
+        self.owed: frozenset[str] = frozenset()  # busy panels held back, for the next push
+        self.owed_in: float | None = None  # seconds until they are due
+
+    def panels_due(self, panels: frozenset[str], now: float, *, turn_moved: bool = False) -> frozenset[str]:
+        """Of `panels` (and those owed), the ones to render now: a busy panel at most
+        once per its interval, unless the turn started, resumed or came to rest
+        (`turn_moved`: the page shows where it stands at once); the rest are owed
+        (`owed_in`)."""
+        interval = 0.0 if turn_moved else settings.ASSISTANT_PANEL_INTERVAL_SECONDS
+        wanted = panels | self.owed
+        late = frozenset(p for p in wanted & BUSY_PANELS.keys()
+                         if now - self.rendered_at.get(p, float("-inf")) < interval * BUSY_PANELS[p])
+        for panel in (wanted - late) & BUSY_PANELS.keys():
+            self.rendered_at[panel] = now
+        self.owed = late
+        self.owed_in = min(interval * BUSY_PANELS[p] - (now - self.rendered_at[p]) for p in late) if late else None
+        return wanted - late
 
     def new_events(self, conversation_id: int) -> list[Event]:
         """The events not sent yet, in id order. Ids and times first (a light query that
@@ -179,8 +198,19 @@ def resume_floor(conversation_id: int, last: int) -> int:
 # the counters with anything. A long chat is then not run through markdown and the
 # sanitiser again for every skill call (that was most of daphne's CPU under load).
 PANELS = ("counters", "outside", "messages", "pause", "composer", "graph", "waterfall")
+# The panels that change with nearly every event of a running turn (the counters with each
+# model call, the graph and the waterfall with each step): a socket sends each at most once
+# per its interval (the waterfall, the dearest, every third), and what it held back with
+# its next push, which the consumer schedules. A person reads them at that pace; rendering
+# them for every step was most of daphne's CPU under load. The chat's panels follow their
+# events at once.
+BUSY_PANELS = {"counters": 1, "graph": 1, "waterfall": 3}  # → intervals, in ASSISTANT_PANEL_INTERVAL_SECONDS
 CHAT_EVENT_PREFIXES = ("turn.", "limit.")
 GRAPH_EVENT_PREFIXES = ("turn.", "agent.", "skill.")
+
+
+def turn_moved(events: list[Event]) -> bool:
+    return any(event.type in TURN_RUNS or event.type in TURN_RESTS for event in events)
 
 
 def panels_for(events: list[Event]) -> frozenset[str]:
@@ -221,18 +251,24 @@ class _Rendered:
 _rendered = _Rendered(size=4096)
 
 
-def render_events(conversation: Conversation, events: list[Event]) -> str:
-    """The fragments for `events`, followed by the state panels they can have changed."""
-    if not events:
+def render_events(conversation: Conversation, events: list[Event], panels: frozenset[str] | None = None) -> str:
+    """The fragments for `events`, followed by the state panels they can have changed
+    (or `panels`: a socket's choice, `Cursor.panels_due`)."""
+    panels = panels_for(events) if panels is None else panels
+    if not events and not panels:
         return ""
     # Keyed by id and time: an id alone can come back after a rollback (tests, SQLite);
     # and by the active time zone, which the times in the HTML are shown in.
     zone = timezone.get_current_timezone_name()
     parts = [_rendered.get(("event", event.pk, event.created_at, zone), lambda event=event: render_to_string(
         "conversations/push.html", {"event": event})) for event in events]
-    panels, newest = panels_for(events), events[-1]
-    parts.append(_rendered.get(("panels", conversation.pk, newest.pk, newest.created_at, panels, zone),
-                               lambda: render_to_string("conversations/panels.html", panel_context(conversation, panels))))
+    if panels:
+        def render() -> str:
+            return render_to_string("conversations/panels.html", panel_context(conversation, panels))
+
+        newest = events[-1] if events else None
+        parts.append(_rendered.get(("panels", conversation.pk, newest.pk, newest.created_at, panels, zone), render)
+                     if newest else render())
     return "".join(parts)
 
 
@@ -255,8 +291,6 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
         context["suggestions"] = EXAMPLE_REQUESTS[:4]  # shown while the chat is empty
     if panels & {"pause", "composer"}:
         context["pause"] = selectors.open_pause(conversation=conversation)
-    if "pause" in panels:
-        context["answered_pauses"] = selectors.answered_pauses(conversation=conversation)
     if "graph" in panels:
         graph, graph_spend = selectors.agent_graph(turn=latest) if latest else ([], None)
         context.update(graph=graph, graph_spend=graph_spend, graph_turn=latest)

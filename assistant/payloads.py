@@ -16,7 +16,7 @@ from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 
-from orchestration.records.output import output_limit, text_bounded
+from orchestration.records.output import json_unwrapped, output_limit, text_bounded
 
 EMAIL_ROWS = (("to", "To"), ("subject", "Subject"), ("body", "Body"))
 
@@ -73,7 +73,7 @@ def _value(key, value) -> SafeString:
         return _text(filesizeformat(value))
     if isinstance(value, (int, float, str)):
         return _text(str(value))
-    return format_html("<pre>{}</pre>", _json(value))
+    return format_html("<pre>{}</pre>", _json(json_unwrapped(value)))
 
 
 def _text(text: str) -> SafeString:

@@ -6,6 +6,7 @@ offline LLM provider. Nothing here needs a service or a key to start.
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -358,6 +359,23 @@ SKILLS_BREAKER_THRESHOLD = env_int("SKILLS_BREAKER_THRESHOLD", 5, minimum=1)
 SKILLS_BREAKER_COOLDOWN_SECONDS = env_float("SKILLS_BREAKER_COOLDOWN_SECONDS", 30.0)
 SKILLS_EXECUTION_MODEL = "orchestration.SkillExecution"
 
+# OpenTelemetry traces (orchestration/reports/otel.py): each ended turn as one trace, when
+# the standard OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set (and OTEL_TRACES_EXPORTER is not
+# "none"); message content only with OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT.
+ASSISTANT_OTEL_TRACES = bool(env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env_str("OTEL_EXPORTER_OTLP_ENDPOINT")) \
+    and env_str("OTEL_TRACES_EXPORTER", "otlp").lower() != "none"
+
+# MCP servers (skills/mcp/): besides those staff add in the admin, a deployment may list
+# them in a JSON file (a list of {"name", "command"/"args" or "url", "env", "headers",
+# "timeout_seconds", "trust_read_only", "write_policy", "everyone", "users", "groups"}).
+ASSISTANT_MCP_SERVERS_FILE = env_str("ASSISTANT_MCP_SERVERS_FILE", "")
+ASSISTANT_MCP_SERVERS = (json.loads(Path(ASSISTANT_MCP_SERVERS_FILE).read_text()) if ASSISTANT_MCP_SERVERS_FILE
+                         else [])
+ASSISTANT_MCP_CONFIG_SECONDS = env_float("ASSISTANT_MCP_CONFIG_SECONDS", 10.0)  # servers read again after
+ASSISTANT_MCP_TOOLS_SECONDS = env_float("ASSISTANT_MCP_TOOLS_SECONDS", 300.0)  # a tool list kept (or until changed)
+ASSISTANT_MCP_CONNECT_SECONDS = env_float("ASSISTANT_MCP_CONNECT_SECONDS", 10.0, minimum=0.1)
+ASSISTANT_MCP_RETRY_SECONDS = env_float("ASSISTANT_MCP_RETRY_SECONDS", 15.0)  # a server down is tried again after
+
 # Skill guard (issue 18): no tenant can disable a skill for others, and caps per user.
 # Circuit breakers count only outages (skills/breaker.py): a user's own circuit opens after
 # SKILLS_BREAKER_THRESHOLD of them in a row; the skill's circuit for everyone only when,
@@ -410,6 +428,12 @@ ASSISTANT_SOCKETS_PER_CONVERSATION = env_int("ASSISTANT_SOCKETS_PER_CONVERSATION
 # messages). Unset: 0.25 s without Redis, 5 s with it.
 ASSISTANT_SOCKET_POLL_SECONDS = env_float("ASSISTANT_SOCKET_POLL_SECONDS", 0.25 if not REDIS_URL else 5.0,
                                           minimum=0.01)
+# A socket pushes at most once per this interval: the first event of a quiet spell goes
+# out at once, a burst after it in one read and render at the interval's end.
+ASSISTANT_PUSH_INTERVAL_SECONDS = env_float("ASSISTANT_PUSH_INTERVAL_SECONDS", 0.1, minimum=0.0)
+# The busy panels (counters, agent graph, waterfall) a socket sends at most once per this
+# interval while events keep coming (assistant/live.py BUSY_PANELS).
+ASSISTANT_PANEL_INTERVAL_SECONDS = env_float("ASSISTANT_PANEL_INTERVAL_SECONDS", 1.0, minimum=0.0)
 # Sizes in characters (orchestration/records/output.py): the answer stored as the chat message (the
 # model's whole response stays in the turn's stored LLM call, for the audit), any text run
 # through markdown for a page (keep it at least answer_chars), and each value of an

@@ -16,13 +16,13 @@ from assistant.live import panel_context, replay_floor
 from assistant.preferences import InvalidTimeZone, preferences_time_zone_set
 from assistant.ratelimits import CONVERSATION, MESSAGE, RateLimited, rate_limited
 from orchestration import services
-from orchestration.lifecycle.turns import TurnRefused, turn_start, turn_stop
+from orchestration.lifecycle.turns import TurnOver, TurnRefused, turn_start, turn_stop
 from orchestration.questions.approvals import approval_answer
 from orchestration.questions.pauses import AlreadyAnswered, turn_continue
 from orchestration.reports import audit, selectors
 from orchestration.reports.retention import DeletionRefused, conversation_delete, conversation_deletion_summary
 from orchestration.reports.waterfall import turn_waterfall
-from orchestration.zones import time_zone_names, user_time_zone
+from orchestration.zones import is_picked_zone, time_zone_groups, user_time_zone
 from skills import egress, rules
 from skills.models import EgressAllow, SkillRule
 
@@ -30,8 +30,10 @@ from skills.models import EgressAllow, SkillRule
 @require_GET
 @login_required
 def conversation_list(request):
+    zone = user_time_zone(request.user)
     return render(request, "conversations/list.html", {
-        "rows": selectors.conversation_rows(user=request.user), "time_zone": user_time_zone(request.user), "time_zones": time_zone_names()})
+        "rows": selectors.conversation_rows(user=request.user), "time_zone": zone,
+        "time_zone_groups": time_zone_groups(), "time_zone_listed": is_picked_zone(zone)})
 
 
 @require_POST
@@ -80,6 +82,15 @@ def _too_many(request, refusal: RateLimited, conversation=None, text: str = ""):
 def _composer_error(error, *, status: int) -> HttpResponse:
     response = HttpResponse(f'<p class="notice error" id="composer-error">{escape(str(error))}</p>', status=status)
     response["HX-Retarget"] = "#composer-error-slot"
+    response["HX-Reswap"] = "innerHTML"
+    return response
+
+
+def _page_notice(notice) -> HttpResponse:
+    """A notice where the page's pushes do not replace it (the composer they do, often
+    just after: a Stop pressed as the turn ends crosses the push that ends it)."""
+    response = HttpResponse(f'<p class="notice" id="page-notice">{escape(str(notice))}</p>')
+    response["HX-Retarget"] = "#page-notice-slot"
     response["HX-Reswap"] = "innerHTML"
     return response
 
@@ -134,6 +145,11 @@ def _answer_turn(request, conversation, turn_id: int, service):
     turn = get_object_or_404(conversation.turns, pk=turn_id)
     try:
         service(turn=turn, user=request.user)
+    except TurnOver as exc:  # news, not a failure: a 200 (the browser logs no error for it)
+        if request.htmx:
+            return _page_notice(exc)
+        messages.info(request, str(exc))
+        return redirect(conversation)
     except (AlreadyAnswered, TurnRefused) as exc:
         return _after_change(request, conversation, str(exc))
     return _after_change(request, conversation)

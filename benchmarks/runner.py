@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import resource
 import statistics
 import time
@@ -16,9 +17,10 @@ from benchmarks.handoffs import handoff_seconds
 from benchmarks.listen import SocketListener
 from benchmarks.load import Daphne, cpu_seconds, latency_figures, services_cpu
 from benchmarks.workloads import Workload, wide
+from orchestration.budgets.spending import spend_periods_start
 from orchestration.lifecycle.turns import turn_start
 from orchestration.models import AgentDispatch, Conversation, Event, SkillExecution, Turn, TurnStatus
-from tests.support.llm_server import ScriptedLLM
+from tests.support.llm_server import ScriptedLLM, agent_of
 from tests.support.processes import Cluster, pss_mb
 
 FINAL = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED)
@@ -147,8 +149,17 @@ def _bench_user(index: int):
     return user
 
 
-def queries_per_agent_step(*, server: ScriptedLLM, agents: int) -> float:
-    """SQL queries per sub-agent LLM step, run inline (django-q2 sync) in this process.
+CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK)", re.I)
+# The skill's own reads, and the limiter's time-bounded read of an unmetered model's row
+# (tests/orchestration/test_statement_budget.py says why they are not the step's).
+NOT_THE_STEPS = re.compile(r'"(skills_task|orchestration_providercapacity)"')
+
+
+def queries_per_agent_step(*, server: ScriptedLLM, agents: int) -> tuple[float, float]:
+    """SQL queries per sub-agent LLM step, run inline (django-q2 sync) in this process:
+    (every query of the agents' deliveries, claims and ends included, per model call;
+    the engine's statements of a steady-state step, the median between two requests of
+    one agent, without transaction control and the skill's own reads of its table).
 
     Inline, a task enqueued by another runs nested inside it; each query is counted for
     the innermost task only, so an agent is not charged for the orchestrator it wakes.
@@ -156,13 +167,25 @@ def queries_per_agent_step(*, server: ScriptedLLM, agents: int) -> float:
     from orchestration.worker import tasks
 
     workload = wide(agents)
-    server.respond, server.latency = workload.plan(), 0
+    plan = workload.plan()
+    user = _bench_user(99)
+    spend_periods_start(user=user, now=timezone.now())  # a day's first call is not a step
+    server.latency = 0
     running: list[str] = []
-    counted = {"agent": 0}
+    counted = {"agent": 0, "engine": 0}
+    asked: dict[str, list[int]] = {}
+
+    def respond(request: dict):
+        if any(tool["function"]["name"] == "use_skill" for tool in request.get("tools", [])):
+            asked.setdefault(agent_of(request), []).append(counted["engine"])
+        return plan(request)
+
+    server.respond = respond
 
     def count(execute, sql, params, many, context):
         if running and running[-1] == "agent":
             counted["agent"] += 1
+            counted["engine"] += not CONTROL.match(sql) and not NOT_THE_STEPS.search(sql)
         return execute(sql, params, many, context)
 
     def tagged(kind, task):
@@ -180,12 +203,13 @@ def queries_per_agent_step(*, server: ScriptedLLM, agents: int) -> float:
     Conf.SYNC = True
     try:
         with connection.execute_wrapper(count):
-            conversation = Conversation.objects.create(owner=_bench_user(99), title="bench queries")
+            conversation = Conversation.objects.create(owner=user, title="bench queries")
             turn = turn_start(conversation=conversation, text="count queries")
     finally:
         tasks.subagent_run, tasks.orchestrator_step, Conf.SYNC = originals
     steps = sum(AgentDispatch.objects.filter(turn=turn).values_list("llm_calls", flat=True))
-    return round(counted["agent"] / max(steps, 1), 1)
+    gaps = sorted(b - a for marks in asked.values() for a, b in zip(marks, marks[1:]))
+    return round(counted["agent"] / max(steps, 1), 1), float(gaps[len(gaps) // 2]) if gaps else 0.0
 
 
 def now_label() -> str:

@@ -37,6 +37,7 @@ from orchestration.models import (
     UserSpend,
 )
 from orchestration.questions.approvals import clearance_words
+from orchestration.questions.pauses import pause_answer, pause_label
 from orchestration.reports import retention
 
 
@@ -229,9 +230,22 @@ class DispatchInline(ReadOnlyInline):
     readonly_fields = fields
 
 
-class PauseInline(ReadOnlyInline):
+class PauseWordsMixin:
+    """A pause as the audit page says it: what it was on, how it was answered (an
+    approval approved or denied, not "Continue")."""
+
+    @admin.display(description="paused on", ordering="limit")
+    def paused_on(self, obj):
+        return pause_label(obj)
+
+    @admin.display(description="answer", ordering="decision")
+    def answer(self, obj):
+        return pause_answer(obj)
+
+
+class PauseInline(PauseWordsMixin, ReadOnlyInline):
     model = TurnPause
-    fields = ["limit", "tripped_at", "decision", "decided_by", "decided_at"]
+    fields = ["paused_on", "tripped_at", "answer", "decided_by", "decided_at"]
     readonly_fields = fields
     show_change_link = False
 
@@ -262,9 +276,10 @@ class ChildDispatchInline(DispatchInline):
 
 
 class CallCostMixin:
-    @admin.display(description="cost", ordering="cost_usd", empty_value="no price")
+    @admin.display(description="cost", ordering="cost_usd")
     def cost(self, obj):
-        return format_usd(obj.cost_usd) or None
+        # The words themselves, not None: a change page's read-only field shows None as "None".
+        return format_usd(obj.cost_usd) or "no price"
 
 
 class LLMCallInline(CallCostMixin, ReadOnlyInline):
@@ -466,8 +481,9 @@ class MessageAdmin(AuditAdmin):
 
 
 @admin.register(TurnPause)
-class TurnPauseAdmin(AuditAdmin):
-    list_display = ["id", "turn", "limit", "tripped_at", "decision", "decided_by", "decided_at"]
+class TurnPauseAdmin(PauseWordsMixin, AuditAdmin):
+    list_display = ["id", "turn", "paused_on", "tripped_at", "answer", "decided_by", "decided_at"]
+    list_select_related = ["turn__conversation", "decided_by", "approval"]
     list_filter = ["limit", "decision", TurnFilter, "tripped_at"]
     readonly_fields = ["detail_json", "tripped_at"]
 

@@ -57,3 +57,16 @@ def provider_limits_are_a_limit_table(app_configs=None, **kwargs):
               '"*": {"rpm": 60}} (0 or no entry: no limit).', id="orchestration.E002")
         for problem in problems
     ]
+
+
+@register()
+def mcp_servers_file_is_valid(app_configs=None, **kwargs):
+    """A server the settings file describes wrongly would break every catalogue: refuse
+    to start instead."""
+    from skills.mcp.config import settings_problems
+
+    return [Error(f"ASSISTANT_MCP_SERVERS_FILE ({settings.ASSISTANT_MCP_SERVERS_FILE}): {problem}.",
+                  hint='A JSON list: [{"name": "wiki", "url": "http://127.0.0.1:8765/mcp", "everyone": true}, '
+                       '{"name": "notes", "command": "python", "args": ["-m", "skills.mcp.example_server"]}].',
+                  id="orchestration.E003")
+            for problem in settings_problems()]

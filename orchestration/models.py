@@ -108,6 +108,10 @@ class Turn(models.Model):
     outside = models.JSONField(default=list, blank=True)
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A fork (orchestration/replay/forking.py): the stored turn whose answers it reused up
+    # to `forked_at` ("orchestrator:2", "finder:1"), where it took an edited answer.
+    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks")
+    forked_at = models.CharField(max_length=80, blank=True)
     # Retention (orchestration/reports/retention.py): when `manage.py prune` removed the turn's
     # transcript, and what it held (counts, tokens, cost, dates). Its LLM calls stay, with
     # their tokens and cost but not their responses, so every usage figure stays right.
@@ -182,7 +186,14 @@ class SkillApproval(models.Model):
         APPROVED = "approved"
         DENIED = "denied"
 
+    class Kind(models.TextChoices):
+        APPROVAL = "approval", "run this call?"
+        # A call to another system sent and never answered (orchestration/questions/doubts.py):
+        # approve sends it again, deny goes on as if it failed.
+        IN_DOUBT = "in_doubt", "the call is in doubt: send it again?"
+
     turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="approvals")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.APPROVAL)
     dispatch = models.ForeignKey("AgentDispatch", on_delete=models.CASCADE, related_name="approvals")
     pause = models.OneToOneField(TurnPause, null=True, blank=True, on_delete=models.SET_NULL, related_name="approval")
     skill = models.CharField(max_length=100)
@@ -204,6 +215,18 @@ class SkillApproval(models.Model):
 
     def __str__(self) -> str:
         return f"{self.skill} ({self.get_decision_display()})"
+
+    @property
+    def in_doubt(self) -> bool:
+        return self.kind == self.Kind.IN_DOUBT
+
+    def decision_words(self) -> str:
+        """The answer in the owner's terms: "approved", "denied", or for a call in doubt
+        "send it again", "go on as if it failed"."""
+        if self.in_doubt:
+            return {self.Decision.APPROVED: "send it again", self.Decision.DENIED: "go on as if it failed"}.get(
+                self.decision, "")
+        return self.decision
 
 
 class Message(models.Model):

@@ -22,6 +22,33 @@ def time_zone_names() -> tuple[str, ...]:
     return tuple(sorted(zoneinfo.available_timezones() - {"localtime"}))
 
 
+# The areas people live in, as the tz database names its canonical zones; the rest of its
+# names are aliases and relics ("US/Eastern", "EST5EDT", "Etc/GMT+3", "Factory").
+PICKED_AREAS = ("Africa", "America", "Antarctica", "Asia", "Atlantic", "Australia", "Europe", "Indian", "Pacific")
+
+
+@cache
+def time_zone_groups() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """What the picker offers: UTC, then each area's zones as (name, "Buenos Aires"),
+    grouped by area. Any valid name is still accepted (`is_time_zone`): one stored
+    before stays selected (the page adds it)."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for name in time_zone_names():
+        area, _, place = name.partition("/")
+        if area in PICKED_AREAS and place:
+            groups.setdefault(area, []).append((name, place.replace("_", " ").replace("/", " / ")))
+    return (("", (("UTC", "UTC"),)), *((area, tuple(groups[area])) for area in PICKED_AREAS if area in groups))
+
+
+@cache
+def _picked() -> frozenset[str]:
+    return frozenset(name for _, zones in time_zone_groups() for name, _ in zones)
+
+
+def is_picked_zone(name: str) -> bool:
+    return name in _picked()
+
+
 def is_time_zone(name: str) -> bool:
     return name in _known()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from skills.mcp import admin as mcp_admin  # noqa: F401 - the MCP servers' page
 from skills.models import CalendarEvent, Memory, OutboxEmail, SkillCircuit, Task
 
 
@@ -90,3 +91,4 @@ class SkillCircuitAdmin(StaffCanView, admin.ModelAdmin):
     list_filter = [("opened_until", admin.EmptyFieldListFilter), ("owner", admin.EmptyFieldListFilter)]
     search_fields = ["skill"]
     raw_id_fields = ["owner"]
+

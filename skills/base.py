@@ -60,6 +60,12 @@ class Skill:
     # What an unexpected exception must be to count as an outage of the skill's outside
     # service (skills/breaker.py); any other is a bug, answered but not counted.
     outage_errors: tuple[type[BaseException], ...] = (OSError,)
+    # Its effect happens outside our database (another system's tool, skills/mcp/): it
+    # cannot roll back with the call's transaction, so a call sent and never answered is
+    # in doubt, asked about, not run again blindly (skills/executor.py).
+    external: bool = False
+    # Its default policy when the settings name none (skills/policy.py); None: the usual.
+    policy: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -72,7 +78,18 @@ class Skill:
 
     @property
     def domain(self) -> str:
-        return self.name.split(".", 1)[0]
+        return self.name.rsplit(".", 1)[0]
+
+    @property
+    def breaker_key(self) -> str:
+        """What its circuit breakers are kept under (skills/breaker.py): the skill, or for
+        an outside server's tool the server, whose outage is every tool's."""
+        return self.domain if self.external else self.name
+
+    @property
+    def in_doubt_when_lost(self) -> bool:
+        """A call lost after it was sent cannot be run again blindly: it may have happened."""
+        return self.external and not self.read_only
 
     @property
     def effective_timeout(self) -> float:
@@ -113,6 +130,8 @@ class Domain:
     name: str
     description: str
     skills: tuple[Skill, ...] = field(default=())
+    # Why it cannot be used now (an MCP server that is down); "" when it can.
+    unavailable: str = ""
 
     def __post_init__(self) -> None:
         for skill in self.skills:

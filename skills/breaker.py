@@ -24,11 +24,16 @@ that pushes the open window forward, so concurrent callers keep being refused wh
 runs. Its success closes the circuit; its outage opens it again; a trial that ends in
 the caller's mistake proves nothing, and the next caller after another cool-down tries.
 All counting is done with F() expressions: no read-modify-write races.
+
+A clean admission is remembered by the process for CLEAN_SECONDS (`breaker_clean`, which
+the engine's read-only calls ask on every step): failures counted by another process
+are seen that much later, failures counted here at once.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -60,6 +65,28 @@ def breaker_admit(*, skill: str, user) -> Admission:
     return Admission(None, clean=clean)
 
 
+CLEAN_SECONDS = 5.0
+_clean_until: dict[tuple[str, int | None], float] = {}
+
+
+def breaker_clean(*, skill: str, user) -> bool:
+    """Whether both of the call's circuits are clean (no failure counted): such a call
+    may run without anything to reset after. Remembered for CLEAN_SECONDS."""
+    key = (skill, _owner_id(user))
+    if _clean_until.get(key, 0.0) > time.monotonic():
+        return True
+    admitted = breaker_admit(skill=skill, user=user)
+    if admitted.retry_after is None and admitted.clean:
+        _clean_until[key] = time.monotonic() + CLEAN_SECONDS
+        return True
+    return False
+
+
+def breaker_forget() -> None:
+    """Forget the clean admissions remembered (a failure was counted; tests)."""
+    _clean_until.clear()
+
+
 def breaker_record(*, skill: str, user, healthy: bool) -> None:
     """Count one finished call that says something about the skill's health: a
     completed one (`healthy`) closes the user's and the everyone-circuit, an
@@ -69,6 +96,8 @@ def breaker_record(*, skill: str, user, healthy: bool) -> None:
     admitted: a failure counted meanwhile by another worker is reset by the next one.)"""
     now = timezone.now()
     owner_id = _owner_id(user)
+    if not healthy:
+        breaker_forget()
     mine = Q(owner_id=owner_id) if owner_id is not None else Q(pk__in=[])
     both = SkillCircuit.objects.filter(mine | Q(owner__isnull=True), skill=skill)
     if healthy:

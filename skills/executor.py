@@ -20,6 +20,20 @@ Order of a call:
    that result and replays it. A handler that fails rolls its writes back with that
    transaction; its failure is then recorded in one of its own.
 
+A skill whose effect is outside our database (Skill.external: an MCP server's tool)
+cannot roll back with that transaction, so it runs outside one: its row is marked sent
+(`sent_at`, committed) just before the handler sends it, and finished only if still
+running. A call of such a skill that changes something, found sent and unanswered (the
+worker died in between), is *in doubt*: nobody knows whether it happened, so it is not
+run again blindly; `doubt` decides (the engine asks the owner). A read-only one simply
+runs again. Two deliveries of one call at the same moment (a worker stalled past its
+lease) therefore ask too: such a call never runs twice without the owner's word.
+
+The engine's read-only calls may take a shorter way (`run_ahead`): a granted, valid,
+read-only call whose circuits are clean runs at once, outside any transaction, and its
+finished row is saved by the caller with the rest of its step (`ahead_saved`). Nothing
+happened if that commit does not: the call runs again, the usual way, when the step does.
+
 Handlers never crash the caller: SkillError, timeouts and unexpected exceptions all
 become error outcomes. Only `before_run`'s exceptions, the worker's own timeout and
 database failures (while recording, or in the handler: OperationalError, InterfaceError)
@@ -59,11 +73,11 @@ from django.db import IntegrityError, InterfaceError, OperationalError, models, 
 from django.utils import timezone
 
 from skills.base import Skill, SkillError
-from skills.breaker import breaker_admit, breaker_record
+from skills.breaker import breaker_admit, breaker_clean, breaker_record
 from skills.context import running_call
 from skills.models import ExecutionStatus
 from skills.provenance import merged
-from skills.registry import UnknownSkill, get_skill
+from skills.registry import SkillUnavailable, UnknownSkill, get_skill
 from skills.timeouts import SkillTimeout, deadline
 from skills.validation import (
     MAX_NESTING,
@@ -98,6 +112,13 @@ refused, or anything else to leave the call unrun (a question for the owner), wh
 then propagates like a `before_run` refusal."""
 
 
+Doubt = Callable[[Skill, dict, models.Model], None]
+"""`doubt(skill, arguments, row)`: `row` is a call of a skill whose effect is outside our
+database, sent at `row.sent_at`, whose answer was lost. Return to send it again; raise
+CallDenied to answer it as failed (ErrorKind.IN_DOUBT); anything else leaves it unrun
+(a question for the owner) and propagates, like a `before_run` refusal."""
+
+
 class CallDenied(Exception):
     """`clear` refuses the call: it is recorded as failed (ErrorKind.DENIED) with this
     message, which the agent reads and can act on, and `clearance` (whose word it was)."""
@@ -118,6 +139,7 @@ class _Running:
     before_run: BeforeRun | None
     after_run: AfterRun | None
     clear: Clear | None = None
+    doubt: Doubt | None = None
     time_zone: str | None = None  # see execute_skill
     outside: tuple[str, ...] = ()  # skills.context.current_outside()
     refused: BaseException | None = None  # a nested call's before_run refusal
@@ -135,6 +157,7 @@ class ErrorKind(StrEnum):
     DENIED = "denied"
     UNKNOWN_SKILL = "unknown_skill"
     UNAVAILABLE = "unavailable"
+    IN_DOUBT = "in_doubt"  # sent, answer lost, not run again (see Doubt)
     TIMEOUT = "timeout"
     FAILED = "failed"
 
@@ -197,6 +220,7 @@ def execute_skill(
     before_run: BeforeRun | None = None,
     after_run: AfterRun | None = None,
     clear: Clear | None = None,
+    doubt: Doubt | None = None,
     time_zone: str | None = None,
     outside: Collection[str] = (),
 ) -> SkillOutcome:
@@ -213,6 +237,8 @@ def execute_skill(
 
     `outside`: the outside content that had reached the caller, which rows the handler
     writes carry (skills/provenance.py); a nested call adds its outer call's.
+
+    `user` is also whose MCP servers' skills the name may be (skills/registry.py).
     """
     outer = running_call.get()
     if outer is not None:
@@ -224,34 +250,102 @@ def execute_skill(
         before_run = before_run or outer.before_run
         after_run = after_run or outer.after_run
         clear = clear or outer.clear
+        doubt = doubt or outer.doubt
         outside = merged(outer.outside, outside)
     if scope is None:
         raise TypeError("execute_skill needs a scope outside a running skill call")
     call = _Call(model=execution_model(), scope=scope, tool_call_id=tool_call_id, name=name,
                  arguments=arguments, parent=parent, outer=outer)
-    refusal = _refusal(name=name, arguments=arguments, granted=granted)
+    refusal = _refusal(name=name, arguments=arguments, granted=granted, user=user)
     if refusal is not None:
         outcome = call.record(refusal)
     else:
-        skill = get_skill(name)
-        admitted = breaker_admit(skill=skill.name, user=user)
+        skill = get_skill(name, user)
+        admitted = breaker_admit(skill=skill.breaker_key, user=user)
         if admitted.retry_after is not None:
             outcome = call.record(
                 _failure(
                     ErrorKind.UNAVAILABLE,
                     f"skill {skill.name} is temporarily unavailable after repeated failures"
-                    f"{'' if admitted.everyone else ' of your calls'}; "
+                    f"{'' if admitted.everyone else ' of your calls'}"
+                    f"{'' if skill.breaker_key == skill.name else f' to {skill.breaker_key}'}; "
                     f"retry after {admitted.retry_after} s",
                     retryable=True,
                 )
             )
         else:
             outcome = call.run(skill, user=user, granted=granted, before_run=before_run, after_run=after_run,
-                               clear=clear, circuit_clean=admitted.clean, time_zone=time_zone,
+                               clear=clear, doubt=doubt, circuit_clean=admitted.clean, time_zone=time_zone,
                                outside=tuple(outside))
     if after_run is not None and not outcome.replayed:
         after_run(str(name), outcome)
     return outcome
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ahead:
+    """A read-only call run before its row exists (`run_ahead`): the row, not saved yet,
+    and what the call produced."""
+
+    row: models.Model
+    outcome: SkillOutcome
+    outage: bool = False  # a failure of the skill's infrastructure, for its breaker
+    breaker: str = ""  # the breaker it counts on (Skill.breaker_key)
+
+
+def run_ahead(*, name: object, arguments: object, user, tool_call_id: str, scope: dict,
+              granted: Collection[str] | None, time_zone: str | None = None,
+              outside: Collection[str] = ()) -> Ahead | None:
+    """Run a granted, valid, read-only call whose circuits are clean now, and leave its
+    row for the caller to save with whatever else it commits (`ahead_saved`): the
+    engine stores a step's answer, its read-only calls' rows and their events in one
+    transaction, instead of a transaction to open each row and another to finish it.
+
+    A read-only handler changes nothing, so this is safe: if the caller's commit does
+    not happen, nothing did, and the call runs again (the usual way) when the step is
+    taken again. None: not such a call (or the database failed under its handler): run
+    it with `execute_skill`, which also records a refusal."""
+    if running_call.get() is not None or _refusal(name=name, arguments=arguments, granted=granted,
+                                                  user=user) is not None:
+        return None
+    skill = get_skill(name, user)
+    if not skill.read_only or not breaker_clean(skill=skill.breaker_key, user=user):
+        return None
+    model = execution_model()
+    row = model(**scope, tool_call_id=tool_call_id, skill=_skill_label(name), arguments=_storable(arguments),
+                status=ExecutionStatus.RUNNING, started_at=timezone.now())
+    running = _Running(row=row, key=f"ahead-{tool_call_id}", scope=scope,
+                       granted=frozenset(granted) if granted is not None else None, before_run=None,
+                       after_run=None, time_zone=time_zone, outside=tuple(outside))
+    started = time.monotonic()
+    outage = False
+    try:
+        data = _call_handler(skill, user=user, arguments=arguments, running=running)
+        outcome = SkillOutcome(ok=True, status=ExecutionStatus.COMPLETED, data=data,
+                               outside=tuple(skill.outside_in(arguments, data)))
+    except _Failed as failed:
+        outcome, outage = failed.outcome, failed.outage
+    except (OperationalError, InterfaceError):
+        return None
+    duration_ms = int((time.monotonic() - started) * 1000)
+    row.status, row.error, row.result = outcome.status, outcome.error, _stored_result(outcome)
+    row.finished_at, row.duration_ms, row.outside = timezone.now(), duration_ms, list(outcome.outside)
+    return Ahead(row=row, outcome=replace(outcome, duration_ms=duration_ms), outage=outage,
+                 breaker=skill.breaker_key)
+
+
+def ahead_saved(calls: list[Ahead], *, user) -> list[Ahead]:
+    """Save the rows of calls run ahead (one INSERT) in the caller's transaction; the
+    outcomes now carry their rows' ids. An outage still counts on the skill's breaker."""
+    if not calls:
+        return []
+    for call in calls:  # again after a rolled-back attempt (a transient error): new rows
+        call.row.pk, call.row._state.adding = None, True
+    execution_model().objects.bulk_create([call.row for call in calls])
+    for call in calls:
+        if call.outage:
+            breaker_record(skill=call.breaker or call.row.skill, user=user, healthy=False)
+    return [replace(call, outcome=replace(call.outcome, execution_id=call.row.pk)) for call in calls]
 
 
 def _same_call(row, name: object, arguments: object) -> bool:
@@ -307,8 +401,8 @@ class _Call:
         return self._winner(row)
 
     def run(self, skill: Skill, *, user, granted, before_run: BeforeRun | None, after_run: AfterRun | None,
-            clear: Clear | None = None, circuit_clean: bool, time_zone: str | None = None,
-            outside: tuple[str, ...] = ()) -> SkillOutcome:
+            clear: Clear | None = None, doubt: Doubt | None = None, circuit_clean: bool,
+            time_zone: str | None = None, outside: tuple[str, ...] = ()) -> SkillOutcome:
         started = time.monotonic()
         try:
             row, new = self._open({"status": ExecutionStatus.RUNNING}, before_run=before_run, clear=clear,
@@ -322,8 +416,11 @@ class _Call:
         key = f"{self.outer.key}/{row.tool_call_id}" if self.outer else _row_key(row)
         running = _Running(row=row, key=key, scope=self.scope,
                            granted=frozenset(granted) if granted is not None else None,
-                           before_run=before_run, after_run=after_run, clear=clear, time_zone=time_zone,
-                           outside=outside)
+                           before_run=before_run, after_run=after_run, clear=clear, doubt=doubt,
+                           time_zone=time_zone, outside=outside)
+        if skill.external:
+            return self._run_outside(skill, row, new=new, user=user, running=running, doubt=doubt,
+                                     circuit_clean=circuit_clean, started=started)
         try:
             with transaction.atomic():
                 if not self._claim(row):
@@ -342,8 +439,38 @@ class _Call:
             if not outage:  # the caller's mistake, or a bug: nothing about the skill's health
                 return outcome
         if outage or not circuit_clean:
-            breaker_record(skill=skill.name, user=user, healthy=not outage)
+            breaker_record(skill=skill.breaker_key, user=user, healthy=not outage)
         return outcome
+
+    def _run_outside(self, skill: Skill, row, *, new: bool, user, running: _Running, doubt: Doubt | None,
+                     circuit_clean: bool, started: float) -> SkillOutcome:
+        """Run a skill whose effect is outside our database: no transaction is held while
+        it runs (another system's latency holds no lock of ours), its row is marked sent
+        first when it changes something, and only a row still running is finished."""
+        if skill.in_doubt_when_lost:
+            if not new and row.sent_at is not None:
+                try:
+                    self._hook(doubt or _not_again, skill, self.arguments, row)
+                except CallDenied as denied:
+                    return self.record(_failure(ErrorKind.IN_DOUBT, str(denied)),
+                                       clearance=(row.clearance or {}) | {"in_doubt": denied.clearance})
+            row.sent_at = timezone.now()
+            if not self.model.objects.filter(pk=row.pk, status=ExecutionStatus.RUNNING).update(sent_at=row.sent_at):
+                return self._winner(row)
+        outage = False
+        try:
+            data = _call_handler(skill, user=user, arguments=self.arguments, running=running)
+            outcome = SkillOutcome(ok=True, status=ExecutionStatus.COMPLETED, data=data,
+                                   outside=tuple(skill.outside_in(self.arguments, data)))
+        except _Failed as failed:
+            outcome, outage = failed.outcome, failed.outage
+        duration_ms = int((time.monotonic() - started) * 1000)
+        finished = {**_answered_fields(outcome), "duration_ms": duration_ms, "outside": list(outcome.outside)}
+        if not self.model.objects.filter(pk=row.pk, status=ExecutionStatus.RUNNING).update(**finished):
+            return self._winner(row)
+        if outage or not circuit_clean:
+            breaker_record(skill=skill.breaker_key, user=user, healthy=not outage)
+        return replace(outcome, execution_id=row.pk, duration_ms=duration_ms)
 
     def _open(self, fields: dict, *, before_run: BeforeRun | None = None, clear: Clear | None = None,
               skill: Skill | None = None) -> tuple[models.Model, bool]:
@@ -404,12 +531,18 @@ class _Call:
         return _from_row(self.model.objects.get(pk=row.pk), replayed=True)
 
 
+def _not_again(skill: Skill, arguments: dict, row) -> None:
+    """Without a `doubt` (a call outside a turn): a lost call is not sent again."""
+    raise CallDenied(f"{skill.name} was sent at {row.sent_at:%Y-%m-%d %H:%M:%S} and its answer was lost: it may "
+                     f"or may not have happened, so it was not sent again")
+
+
 def _answered_fields(outcome: SkillOutcome) -> dict:
     return {"status": outcome.status, "error": outcome.error, "result": _stored_result(outcome),
             "finished_at": timezone.now(), "duration_ms": 0}
 
 
-def _refusal(*, name: object, arguments: object, granted: Collection[str] | None):
+def _refusal(*, name: object, arguments: object, granted: Collection[str] | None, user=None):
     if granted is not None and (not isinstance(name, str) or name not in granted):
         allowed = ", ".join(sorted(granted)) or "none"
         return _failure(
@@ -417,7 +550,9 @@ def _refusal(*, name: object, arguments: object, granted: Collection[str] | None
             f"skill {name!r} is not granted to this agent; granted skills: {allowed}",
         )
     try:
-        skill = get_skill(name)
+        skill = get_skill(name, user)
+    except SkillUnavailable as exc:
+        return _failure(ErrorKind.UNAVAILABLE, str(exc), retryable=True)
     except UnknownSkill as exc:
         return _failure(ErrorKind.UNKNOWN_SKILL, str(exc))
     problems = validate_arguments(skill, arguments)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from skills.domains.calendar.models import CalendarEvent
 from skills.domains.email.models import OutboxEmail
 from skills.domains.memory.models import Memory
 from skills.domains.tasks.models import Task
+from skills.mcp.models import McpServer
 
 __all__ = [
     "AbstractSkillExecution",
@@ -29,6 +31,7 @@ __all__ = [
     "ExecutionStatus",
     "Memory",
     "EgressAllow",
+    "McpServer",
     "OutboxEmail",
     "Policy",
     "SkillCircuit",
@@ -56,7 +59,7 @@ class AbstractSkillExecution(models.Model):
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
     )
-    started_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(default=timezone.now)  # a call run ahead sets its own (skills/executor.py)
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     # A side effect's clearance: by whose word it ran ({"by": "policy" | "rule" | "owner",
@@ -64,6 +67,9 @@ class AbstractSkillExecution(models.Model):
     clearance = models.JSONField(default=dict, blank=True)
     # The outside content in its result (Skill.outside), as the engine tracked it.
     outside = models.JSONField(default=list, blank=True)
+    # When a call whose effect is outside our database was sent (Skill.external): a row
+    # still running with this set lost its answer, and the call is in doubt.
+    sent_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         abstract = True

@@ -35,6 +35,8 @@ def default_policy(skill: Skill) -> str:
     table = settings.ASSISTANT_SKILL_POLICIES
     if skill.name in table:
         return table[skill.name]
+    if skill.policy is not None:
+        return skill.policy
     return Policy.ASK if skill.sends else Policy.ALLOW
 
 

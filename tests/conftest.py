@@ -14,6 +14,8 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
+from tests.support.mcp_fixtures import mcp_sessions  # noqa: F401 - a fixture for every test that uses MCP servers
+
 PASSWORD = "correct horse battery staple"
 
 # Most tests are about other guarantees than approvals: their owners let email go out
@@ -33,6 +35,21 @@ def email_unasked():
     with override_settings(ASSISTANT_SKILL_POLICIES=EMAIL_UNASKED,
                            ASSISTANT_EGRESS={**settings.ASSISTANT_EGRESS, "ask_new_recipients": False}):
         yield
+
+
+@pytest.fixture(autouse=True)
+def panels_unpaced(settings):
+    """In-process sockets send every panel with its events (tests read a push whole);
+    the pace a real daphne keeps is tested in tests/web/test_panel_pace.py."""
+    settings.ASSISTANT_PANEL_INTERVAL_SECONDS = 0
+
+
+@pytest.fixture(autouse=True)
+def breakers_unremembered():
+    """A clean circuit is remembered by the process (skills/breaker.py); not across tests."""
+    from skills.breaker import breaker_forget
+
+    breaker_forget()
 
 
 @pytest.fixture

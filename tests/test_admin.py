@@ -249,3 +249,12 @@ def test_staff_read_each_calls_cost_and_a_dispatchs_with_its_nested_ones(client,
             "(cost unknown: 1 call of llama3 has no price)") in page
     page = client.get(change_url(turn)).content.decode()
     assert "1770 tokens · at least $0.0003 (cost unknown: 1 call of llama3 has no price)" in page
+
+
+def test_a_call_without_a_price_says_so_on_its_page_and_in_the_list(client, staff, trail):
+    call = LLMCall.objects.create(turn=trail["turn"], key="orchestrator:1", model="local-model", response={},
+                                  prompt_tokens=10, completion_tokens=5, cost_usd=None)
+    client.force_login(staff)
+    for url in (change_url(call), reverse("admin:orchestration_llmcall_changelist")):
+        page = client.get(url).content.decode()
+        assert "no price" in page and ">None<" not in page

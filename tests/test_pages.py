@@ -109,7 +109,7 @@ def paused_on_agents(alice):
     turn = Turn.objects.create(conversation=conversation, number=1, status="paused")
     Message.objects.create(conversation=conversation, turn=turn, seq=1, role="user", content="Plan the trip")
     Message.objects.create(conversation=conversation, turn=turn, seq=2, role="notice",
-                           content="Turn 1 paused. This turn may start 8 agents in all.")
+                           content="Turn 1 paused on agents per turn: waiting for your answer below.")
     TurnPause.objects.create(turn=turn, limit="turn_max_agents", detail={
         "message": "This turn may dispatch 8 agents; 3 more were asked for.", "limit": 8, "used": 6,
         "requested": 3, "asked_for": ["flights", "hotels", "trains"], "completed": ["weather"],
@@ -133,9 +133,13 @@ def test_an_answered_pause_reads_in_words(alice_client, paused_on_agents, alice)
 
     from orchestration.models import TurnPause
 
+    from orchestration.questions.pauses import pause_recorded
+
     TurnPause.objects.update(decision="continue", decided_by=alice, decided_at=timezone.now())
+    pause_recorded(TurnPause.objects.get().pk)  # as the answer does, in its transaction
     html = alice_client.get(paused_on_agents.get_absolute_url()).content.decode()
-    assert "Turn 1 paused at its limit of agents per turn:\n      alice continued it at" in html
+    assert html.count("Turn 1 paused on agents per turn") == 1  # one line, at its turn, not a pile above the composer
+    assert "Turn 1 paused on agents per turn: alice continued it." in html
     assert "turn_max_agents" not in html and "Continue?" not in html
 
 
@@ -161,6 +165,23 @@ def test_the_list_shows_each_conversations_state_and_last_activity(alice_client,
     fresh = html[html.index(f'id="conversation-{untitled.pk}"'):][:400]
     assert "New conversation · " in fresh and "just now" in fresh and "no messages yet" in fresh
     assert "0 minutes ago" not in html and f"Conversation {untitled.pk}" not in html
+
+
+def test_an_answer_whose_agent_failed_is_not_badged_plain_answered(alice_client, alice):
+    from orchestration.models import Turn
+    from tests.factories import dispatch_for
+
+    title = "find my overdue tasks, email them to bob@example.com and book a review meeting tomorrow at 2pm"
+    partial = conversation_for(alice, title=title)
+    dispatch_for(Turn.objects.create(conversation=partial, number=1, status="failed"), "old", outcome="failed")
+    dispatch_for(Turn.objects.create(conversation=partial, number=2, status="completed"), "mailer", outcome="failed")
+    whole = conversation_for(alice, title="Renew passport")
+    dispatch_for(Turn.objects.create(conversation=whole, number=1, status="completed"), "finder", outcome="completed")
+    html = alice_client.get(reverse("conversation_list")).content.decode()
+    row = html[html.index(f'id="conversation-{partial.pk}"'):][:700]
+    assert f'title="{title}">{title}</a>' in row  # whole, for the line's ellipsis and the hover
+    assert '<span class="state state-partial">answered, an agent failed</span>' in row
+    assert '<span class="state state-completed">answered</span>' in html[html.index(f'id="conversation-{whole.pk}"'):][:400]
 
 
 def test_an_empty_conversation_offers_example_requests_that_post(alice_client, alice):

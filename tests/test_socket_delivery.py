@@ -195,6 +195,9 @@ async def test_another_users_socket_gets_no_draft(started, bob):
     comm = communicator(conversation.pk, bob)
     await comm.connect()
     assert await comm.receive_output(timeout=3) == {"type": "websocket.close", "code": FORBIDDEN}
+    # As a browser does: left running, the consumer's task would be cancelled at the event
+    # loop's close, inside its channel layer's receive, which once hung the run (Redis).
+    await comm.disconnect()
 
 
 def test_a_draft_of_a_stopped_or_taken_over_turn_is_not_written(started):

@@ -1,4 +1,8 @@
+from datetime import datetime
+
 from django import template
+from django.utils import formats, timezone
+from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from assistant.payloads import render_payload
@@ -7,7 +11,9 @@ from orchestration.budgets.usage import Spend
 from orchestration.questions.approvals import clearance_words, rule_offered
 from orchestration.questions.pauses import PauseWords, pause_words_of
 from orchestration.records.output import output_limit, text_bounded
+from orchestration.reports.errors import failure_of
 from orchestration.reports.selectors import state_words
+from orchestration.reports.waterfall import duration_text
 
 register = template.Library()
 
@@ -55,6 +61,37 @@ def spend(value) -> str:
 def payload(value) -> str:
     """An event's payload as a key/value table (see assistant/payloads.py), escaped."""
     return render_payload(value)
+
+
+@register.filter
+def failure(error) -> str:
+    """An error in plain words, its technical text in a disclosure (escaped)."""
+    found = failure_of(error)
+    if not found.detail:
+        return found.words
+    return format_html('{} <details class="error-detail"><summary>Details</summary><code>{}</code></details>',
+                       found.words, found.detail)
+
+
+@register.filter
+def failure_words(error) -> str:
+    """An error in plain words alone (where no disclosure fits: an SVG title)."""
+    return failure_of(error).words
+
+
+@register.filter
+def when(iso: str | None) -> str:
+    """A time the export keeps as ISO text, as pages show times: in the viewer's zone,
+    to the second."""
+    if not iso:
+        return ""
+    return formats.date_format(timezone.localtime(datetime.fromisoformat(iso)), "j M Y, H:i:s")
+
+
+@register.filter
+def duration(ms) -> str:
+    """"350 ms", "4.2 s", "2 min 05 s"; "" for what never ran (a cancelled agent)."""
+    return duration_text(ms)
 
 
 @register.filter

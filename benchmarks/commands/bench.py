@@ -30,7 +30,7 @@ from benchmarks.tokens import seed_example_figures
 from benchmarks.tokens import table as tokens_table
 from benchmarks.workloads import WORKLOADS
 from tests.support.llm_server import ScriptedLLM
-from tests.support.processes import Cluster, production_env
+from tests.support.processes import Cluster, database_url, production_env
 
 TOKENS = "tokens"  # a section, not a timed workload: the seed example's token economy
 RATELIMITED = ratelimited.NAME  # a burst against an enforcing provider, on a qcluster of its own
@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "second machine).")
     parser.add_argument("--repeat", type=int, default=3,
                         help="Runs of each one-turn workload; the run with the median ratio is reported.")
+    parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
+                        help="Run the same workloads through the durable peer (LangGraph with its "
+                             "PostgreSQL checkpointer: benchmarks/peer_langgraph.py) on PostgreSQL.")
     parser.add_argument("--output", default="bench-results/results.json")
     parser.add_argument("--tokens-output", default="bench-results/tokens.json")
     parser.add_argument("--force", action="store_true", help="Run on a database not named *bench*.")
@@ -75,7 +78,7 @@ def run(options: argparse.Namespace) -> None:
     timed = [w for w in options.workloads if w in WORKLOADS]
     if timed or RATELIMITED in options.workloads:
         _timed(timed, options.latency, options.workers, options.second_cluster, options.repeat, options.output, setup,
-               RATELIMITED in options.workloads)
+               RATELIMITED in options.workloads, options.peer and connection.vendor == "postgresql")
     if TOKENS in options.workloads:
         _tokens(options.tokens_output, setup)
 
@@ -93,7 +96,7 @@ def _tokens(output: str, setup: str) -> None:
     say(STYLE.SUCCESS(f"Wrote {path}"))
 
 
-def _timed(workloads, latency, workers, second_cluster, repeat, output, setup, rate_limited) -> None:
+def _timed(workloads, latency, workers, second_cluster, repeat, output, setup, rate_limited, peer) -> None:
     server = ScriptedLLM().start()
     env = {"ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": server.url, "OPENAI_API_KEY": "bench",
            "ASSISTANT_LLM_MAX_RETRIES": "0", "Q_LOG_LEVEL": "INFO", **production_env()}
@@ -143,16 +146,22 @@ def _timed(workloads, latency, workers, second_cluster, repeat, output, setup, r
         for cluster in clusters:
             cluster.stop()
         web.stop()
+    peers = _peer_runs(server, workloads, latency, repeat) if peer else []
     queries = _queries_per_step(server)
     server.stop()
     if results:
         say(_table(results))
+    if peers:
+        say(_peer_table(peers, results))
     if limited:
         say(ratelimited.table(limited))
-    say("SQL queries per sub-agent step (wide, by agent count): "
-        + ", ".join(f"{n} agents: {q}" for n, q in queries.items()))
+    say("SQL queries per sub-agent step (wide, by agent count; all of a delivery's per model call / "
+        "the engine's in a steady-state step): "
+        + ", ".join(f"{n} agents: {q} / {steady}" for n, (q, steady) in queries.items()))
     report = {"measured_at": now_label(), "machine": _machine(), "setup": setup, "workers": workers,
-              "results": results, "queries_per_agent_step": queries, RATELIMITED: limited}
+              "results": results, "queries_per_agent_step": {n: q for n, (q, _) in queries.items()},
+              "statements_per_steady_step": {n: steady for n, (_, steady) in queries.items()}, RATELIMITED: limited,
+              "peer": peers}
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
@@ -196,7 +205,46 @@ def _rate_limited(server, env, limits, logs, workers, second_cluster, latency_ms
     return found
 
 
-def _queries_per_step(server: ScriptedLLM) -> dict[int, float]:
+def _peer_runs(server: ScriptedLLM, workloads: list[str], latency: list[int], repeat: int) -> list[dict]:
+    """The same workloads through the durable peer, against the same model server, in its
+    own tables of the bench database (the qclusters are stopped by now)."""
+    try:
+        from benchmarks.peer_langgraph import run_peer
+    except ImportError:
+        say("  the durable peer needs LangGraph: pip install -e '.[bench]'")
+        return []
+    url = database_url()  # the database this process uses (a test's, in the tests)
+    found = []
+    for latency_ms in latency:
+        for workload in workloads:
+            runs = 1 if WORKLOADS[workload].conversations > 1 else repeat
+            say(f"  running {workload} through the durable peer at {latency_ms} ms ({runs}×) …", end="")
+            done = sorted((run_peer(workload=WORKLOADS[workload], latency_ms=latency_ms, server=server,
+                                    database_url=url) for _ in range(runs)), key=lambda r: r["ratio"])
+            result = done[len(done) // 2]
+            found.append(result)
+            say(f" {result['makespan_s']:.2f}s (×{result['ratio']:.2f}), {result['cpu_ms_per_call']:.1f} ms CPU/call")
+    return found
+
+
+def _peer_table(peers: list[dict], results: list[dict]) -> str:
+    """This project beside the durable peer, workload by workload (one qcluster)."""
+    ours = {(r["workload"], r["latency_ms"]): r for r in results if r["clusters"] == 1}
+    head = (f"{'workload':<9} {'L ms':>5} {'ratio peer':>10} {'ratio ours':>10} {'CPU ms/call peer':>16} "
+            f"{'CPU ms/call ours':>16} {'PG ms/call peer':>15} {'PG ms/call ours':>15}")
+    rows = ["", "beside the durable peer (LangGraph + PostgreSQL checkpointer, same model server)", head,
+            "-" * len(head)]
+    for p in peers:
+        r = ours.get((p["workload"], p["latency_ms"]))
+        if r is None:
+            continue
+        rows.append(f"{p['workload']:<9} {p['latency_ms']:>5} {p['ratio']:>10.2f} {r['ratio']:>10.2f} "
+                    f"{p['cpu_ms_per_call']:>16.1f} {r['cpu_ms_per_llm_call']:>16.1f} "
+                    f"{p['pg_ms_per_call']:>15.1f} {r['postgres_cpu_ms_per_llm_call']:>15.1f}")
+    return "\n".join(rows)
+
+
+def _queries_per_step(server: ScriptedLLM) -> dict[int, tuple[float, float]]:
     """Measured in this process (tasks inline), against the same scripted server."""
     from unittest import mock
 

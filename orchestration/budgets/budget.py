@@ -27,7 +27,7 @@ from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.delivery.leases import heartbeat
 from orchestration.models import AgentDispatch, Conversation, DispatchState, Event, Turn
 from orchestration.records.catalogue import SKILL_STARTED
-from orchestration.records.events import event_record
+from orchestration.records.events import event_new, events_record
 
 
 def reserve_skill_call(*, dispatch: AgentDispatch, skill: str, arguments: dict, token: str | None = None) -> None:
@@ -47,10 +47,13 @@ def reserve_skill_call(*, dispatch: AgentDispatch, skill: str, arguments: dict, 
                 detail={"limit": limits.turn_max_skill_calls, "used": limits.turn_max_skill_calls},
             )
         _reserve_in_window(dispatch.turn.conversation_id, limits)
-    event_record(
-        type=SKILL_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} → {skill}",
-        payload={"skill": skill, "arguments": arguments},
-    )
+    events_record([skill_started_event(dispatch, skill, arguments)])
+
+
+def skill_started_event(dispatch: AgentDispatch, skill: str, arguments: object) -> Event:
+    """The event that counts a skill call in the conversation's window (not saved yet)."""
+    return event_new(type=SKILL_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} → {skill}",
+                     payload={"skill": skill, "arguments": arguments})
 
 
 def _reserve_quickly(dispatch: AgentDispatch, token: str | None) -> bool:

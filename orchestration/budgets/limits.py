@@ -88,7 +88,8 @@ LIMIT_WORDS = {
         reached="This turn may start {limit} in all: it has started {used} and asked for another {requested}.",
     ),
     "turn_max_skill_calls": LimitWords(
-        one="tool call", many="tool calls", label="tool calls per turn",
+        # "skill calls", as the agent graph counts them (an agent's tool calls are skill calls)
+        one="skill call", many="skill calls", label="skill calls per turn",
         reached="This turn has made {used}, the most one turn may make.",
     ),
     "turn_max_llm_iterations": LimitWords(
@@ -101,7 +102,7 @@ LIMIT_WORDS = {
         reached="The agents have made {used} on this turn, the most one turn may make.",
     ),
     "conversation_max_skill_calls": LimitWords(
-        one="tool call", many="tool calls", label="tool calls per {window} in a conversation",
+        one="skill call", many="skill calls", label="skill calls per {window} in a conversation",
         reached="This conversation has made {used} in the last {window}, the most it may make in that time.",
     ),
 }

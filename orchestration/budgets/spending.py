@@ -1,8 +1,11 @@
 """What model calls may spend: a user's allowance per day and month, a turn's agent calls.
 
-Every model call, the orchestrator's and every sub-agent's, reserves its estimate from
-the user's allowance *before* it is made, and settles to what the provider reported
-after (or gives the estimate back when the call failed).
+Under a cap, every model call, the orchestrator's and every sub-agent's, reserves its
+estimate from the user's allowance *before* it is made, and settles to what the provider
+reported after (or gives the estimate back when the call failed). With no cap in force
+nothing can trip, so a delivery adds its calls up and writes them once, at its end
+(`SpendMeter`): the counters are then only the spend page's figures, and a step writes
+nothing to them.
 
 Periods. The allowance is counted in rows per user and period (SpendCounter): a day or a
 calendar month that keeps the zone it started in and ends at its own `ends_at`. The
@@ -98,6 +101,10 @@ class Caps:
     tokens_per_month: int
     usd_per_day: Decimal
     usd_per_month: Decimal
+
+    @property
+    def unlimited(self) -> bool:
+        return not (self.tokens_per_day or self.tokens_per_month or self.usd_per_day or self.usd_per_month)
 
     def tokens(self, period: str) -> int:
         return self.tokens_per_day if period == DAY else self.tokens_per_month
@@ -343,6 +350,70 @@ def _reserve(user_id: int, caps: Caps, now: datetime, *, model: str, prompt: int
     SpendCounter.objects.filter(pk__in=rows).update(
         tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=now)
     return Reservation(rows=rows, tokens=tokens, cost_usd=cost, max_tokens=allowance)
+
+
+def spend_add(*, user, tokens: int, cost: Decimal) -> None:
+    """Count calls already made (no cap was in force to reserve them from)."""
+    if not (tokens or cost):
+        return
+    now = timezone.now()
+    with transaction.atomic():
+        rows = [row[0] for row in _current_rows(user.pk, now, lock=True)]
+        if len(rows) == len(KINDS):
+            SpendCounter.objects.filter(pk__in=rows).update(
+                tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=now)
+            return
+    spend_periods_start(user=user, now=now)  # the period's first calls
+    spend_add(user=user, tokens=tokens, cost=cost)
+
+
+@dataclass(eq=False)
+class SpendMeter:
+    """What one delivery's model calls spend from its owner's allowance.
+
+    Under a cap each call is reserved before it is made and settled after, so that the
+    cap holds while parallel agents spend. With no cap nothing can trip: the calls are
+    added up here and written once, by `flush` at the delivery's end (a worker that dies
+    before it loses its count on the spend page, not a guarantee). The caps are read
+    once a delivery; a Continue starts another."""
+
+    user: object
+    caps: Caps | None = None
+    reservation: Reservation | None = None
+    tokens: int = 0
+    cost: Decimal = Decimal(0)
+
+    def reserve(self, *, model: str, messages: list[dict], tools: list[dict]) -> Reservation | None:
+        """The call's reservation (None: no cap, nothing reserved), or LimitTripped."""
+        if self.caps is None:
+            self.caps = caps_for(self.user)
+        self.reservation = None if self.caps.unlimited else spend_reserve(
+            user=self.user, model=model, messages=messages, tools=tools, caps=self.caps)
+        return self.reservation
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.reservation.max_tokens if self.reservation else None
+
+    def settle(self, usage: Usage, cost: Decimal | None) -> None:
+        """The call was answered: it counts at what it used."""
+        if self.reservation is None:
+            self.tokens += usage.prompt_tokens + usage.completion_tokens
+            self.cost += cost or Decimal(0)
+        else:
+            spend_settle(reservation=self.reservation, usage=usage, cost=cost)
+        self.reservation = None
+
+    def release(self) -> None:
+        """The call was not made, or failed."""
+        spend_release(reservation=self.reservation)
+        self.reservation = None
+
+    def flush(self) -> None:
+        """Write what the calls made without a reservation used (its own transaction:
+        a period's first call locks the user's row, which comes before any other)."""
+        spend_add(user=self.user, tokens=self.tokens, cost=self.cost)
+        self.tokens, self.cost = 0, Decimal(0)
 
 
 def spend_settle(*, reservation: Reservation | None, usage: Usage, cost: Decimal | None) -> None:

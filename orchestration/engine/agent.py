@@ -17,27 +17,19 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from orchestration.budgets.budget import reserve_skill_call
+from orchestration.budgets.budget import reserve_skill_call, skill_started_event
 from orchestration.budgets.limits import Limits
 from orchestration.budgets.pricing import call_cost
-from orchestration.budgets.spending import (
-    Caps,
-    Reservation,
-    agent_call_release,
-    agent_call_reserve,
-    caps_for,
-    spend_release,
-    spend_reserve,
-    spend_settle,
-)
+from orchestration.budgets.spending import SpendMeter, agent_call_release, agent_call_reserve
 from orchestration.delivery import runner
 from orchestration.delivery.leases import LeaseLost, lease_until, new_token
 from orchestration.engine import steps
@@ -62,7 +54,7 @@ from orchestration.engine.toolids import unique_ids
 from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.llm import LLMError, LLMResponse, ToolCall, Usage, capacity, get_provider
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, TurnStatus
-from orchestration.questions import approvals
+from orchestration.questions import approvals, doubts
 from orchestration.questions.pauses import turn_pause
 from orchestration.records.catalogue import (
     AGENT_ATTEMPT,
@@ -73,8 +65,9 @@ from orchestration.records.catalogue import (
     LLM_WAITING,
     SKILL_FINISHED,
 )
-from orchestration.records.events import event_record
-from skills.executor import SkillOutcome, execute_skill
+from orchestration.records.events import event_new, event_record, events_record
+from orchestration.reports.errors import failure_of
+from skills.executor import Ahead, SkillOutcome, ahead_saved, execute_skill, run_ahead
 from skills.tools import use_skill_tool
 
 logger = logging.getLogger(__name__)
@@ -84,6 +77,18 @@ USE_SKILL = "use_skill"
 # have) are answered with a nudge; this many in a row and the agent stops.
 MAX_IDLE_REPLIES = 3
 LIVE_TURN = (TurnStatus.RUNNING, TurnStatus.WAITING)
+# A step whose answer was stored this recently, and whose calls all ran ahead (or had
+# nothing to run), goes on to its next call without asking again whether the agent may
+# (a Stop or pause in that moment is found when the next answer is stored).
+VERIFIED_SECONDS = 2.0
+TAKE_COUNTERS = """
+    UPDATE orchestration_turn SET agent_llm_calls = agent_llm_calls + %s, skill_calls = skill_calls + %s
+    WHERE id = %s AND status IN (%s, %s) AND agent_llm_calls < %s
+      AND skill_calls <= %s AND skill_calls <= %s - prior_window_calls
+      AND EXISTS (SELECT 1 FROM orchestration_agentdispatch AS agent
+                  WHERE agent.id = %s AND agent.turn_id = orchestration_turn.id
+                    AND agent.lease_token = %s AND agent.state = %s)
+"""  # Agent._take_counters: Turn's and AgentDispatch's tables
 
 
 @dataclass(kw_only=True)
@@ -104,9 +109,11 @@ class Agent:
     messages: list[dict] = field(default_factory=list)
     stored: dict[str, dict] = field(default_factory=dict)
     usage: Usage = Usage()  # of every answer so far, stored ones included
-    reservation: Reservation | None = None  # of the model call being made (orchestration/budgets/spending.py)
-    caps: Caps | None = None  # the owner's allowance, as this delivery read it
-    counted: bool = False  # this step's call is counted against the turn's cap
+    spend: SpendMeter | None = None  # this delivery's calls against the owner's allowance
+    counted: bool = False  # the next call is counted against the turn's cap already
+    ran_ahead: dict[str, Ahead] = field(default_factory=dict)  # this step's read-only calls, run before it is stored
+    verified_at: float = float("-inf")  # when the lease was last found ours (time.monotonic)
+    renewed_at: float = float("-inf")  # when it was last renewed
     llm_calls: int = 0
     used: int = 0
     idle: int = 0
@@ -154,7 +161,8 @@ class Agent:
                          summary=f"{dispatch.agent_id} resumed ({reason})",
                          payload={"sub_agent_id": dispatch.agent_id, "reason": reason, "crashes": dispatch.crashes,
                                   "awaited": (awaited or {}).get("agent_ids", [])})
-        return cls(dispatch=dispatch, token=token, first_start=first_start,
+        claimed = time.monotonic()  # its lease just taken: the first call need not ask again
+        return cls(dispatch=dispatch, token=token, first_start=first_start, renewed_at=claimed, verified_at=claimed,
                    label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})")
 
     def load(self) -> None:
@@ -166,7 +174,8 @@ class Agent:
         prior = _prior_results(dispatch)
         self.provider = self.provider or get_provider()
         self.user = dispatch.turn.conversation.owner
-        self.tools = [use_skill_tool(dispatch.skills)] + (_delegation_tools(dispatch, limits) if self.delegates else [])
+        self.spend = self.spend or SpendMeter(self.user)
+        self.tools = [use_skill_tool(dispatch.skills, self.user)] + (_delegation_tools(dispatch, limits) if self.delegates else [])
         self.messages = [
             {"role": "system", "content": agent_system_prompt(
                 local_time=user_local_time(dispatch.turn), profile_prompt=profile_prompt, delegates=self.delegates)},
@@ -208,6 +217,7 @@ class Agent:
         live = AgentDispatch.objects.filter(pk=self.dispatch.pk, lease_token=self.token, state=DispatchState.RUNNING,
                                             turn__status__in=LIVE_TURN)
         if live.update(lease_expires_at=lease_until(), heartbeat_at=timezone.now(), **fields):
+            self.verified_at = self.renewed_at = time.monotonic()
             return None
         state, status, token = AgentDispatch.objects.values_list("state", "turn__status", "lease_token").get(
             pk=self.dispatch.pk)
@@ -220,7 +230,9 @@ class Agent:
         the lease, then the wall clock and token budget from the agent's first start and
         first call, whatever deliveries came between; then the call is counted against the
         turn's cap and the owner's allowance (either trips a pause: LimitTripped)."""
-        if (stop := self.check(**self.progress())) is not None:
+        if runner.handing_back():
+            return steps.HAND_BACK
+        if time.monotonic() - self.verified_at > VERIFIED_SECONDS and (stop := self.check()) is not None:
             return stop
         limits, dispatch = self.limits, self.dispatch
         if self.tokens >= limits.agent_token_budget:
@@ -232,14 +244,11 @@ class Agent:
             if timezone.now() >= dispatch.deadline_at:
                 return steps.done(DispatchOutcome.TIMEOUT, _partial(self.last_text, self.messages),
                                   f"wall-clock limit of {limits.agent_timeout_seconds:.0f}s reached")
-        if not self.counted:  # once per step, however often its call is checked
+        if not self.counted:  # the step before counted it, unless it could not (or this is the first)
             agent_call_reserve(turn_id=dispatch.turn_id, limits=limits)
             self.counted = True
-        if self.caps is None:
-            self.caps = caps_for(self.user)  # read once a delivery; a Continue starts another
         try:
-            self.reservation = spend_reserve(user=self.user, model=self.model, messages=self.messages,
-                                             tools=self.tools, caps=self.caps)
+            self.spend.reserve(model=self.model, messages=self.messages, tools=self.tools)
         except Exception:
             agent_call_release(turn_id=dispatch.turn_id)  # the call the allowance refused is not made
             self.counted = False
@@ -248,7 +257,7 @@ class Agent:
 
     def request(self) -> dict:
         return {"provider": self.provider, "model": self.model, "messages": self.messages, "tools": self.tools,
-                "max_tokens": self.reservation.max_tokens if self.reservation else None}
+                "max_tokens": self.spend.max_tokens}
 
     def retries(self) -> tuple[int, int]:
         return self.dispatch.retries, self.limits.agent_max_retries
@@ -288,11 +297,44 @@ class Agent:
                               "waited_ms": int(waited * 1000)})
 
     def release_reservation(self) -> None:
-        spend_release(reservation=self.reservation)
+        self.spend.release()
 
     def charge(self, response: LLMResponse) -> None:
-        spend_settle(reservation=self.reservation, usage=response.usage,
-                     cost=call_cost(response.model or self.model, response.usage))
+        self.spend.settle(response.usage, call_cost(response.model or self.model, response.usage))
+
+    def settle_up(self) -> None:
+        """What this delivery still owes the counters, however it ended: the spend of
+        calls made without a reservation, and a next call counted but never made."""
+        if self.counted:
+            agent_call_release(turn_id=self.dispatch.turn_id)
+            self.counted = False
+        if self.spend is not None:
+            self.spend.flush()
+
+    def ahead(self, step: int, response: LLMResponse) -> LLMResponse:
+        """The answer as it will be stored (its tool calls named uniquely in the agent's
+        run), with its read-only skill calls run already (skills/executor.py `run_ahead`):
+        their rows and events are stored with the answer, in the step's one transaction.
+        Only when the whole answer's skill calls fit the agent's tool budget; a call that
+        is not such a call runs the usual way once the answer is stored."""
+        taken = {c["id"] for m in self.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []}
+        response = replace(response, tool_calls=unique_ids(response.tool_calls, taken, suffix=str(step),
+                                                           blank=f"call_{step}_"))
+        self.ran_ahead = {}
+        skill_calls = [call for call in response.tool_calls if call.name == USE_SKILL]
+        if not skill_calls or self.used + len(skill_calls) > self.dispatch.max_tool_calls:
+            return response
+        dispatch = self.dispatch
+        for call in skill_calls:
+            arguments, error = load_json(call.arguments)
+            if error or not isinstance(arguments, dict) or not isinstance(arguments.get("skill"), str):
+                continue
+            ran = run_ahead(name=arguments["skill"], arguments=arguments.get("arguments", {}), user=self.user,
+                            tool_call_id=call.id, scope={"dispatch": dispatch}, granted=dispatch.skills,
+                            time_zone=dispatch.turn.time_zone, outside=self.outside)
+            if ran is not None:
+                self.ran_ahead[call.id] = ran
+        return response
 
     def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
         """Store the answer before anything acts on it (a replay reuses it), with its
@@ -302,15 +344,20 @@ class Agent:
         try:
             return self._store(step, response, duration_ms)
         except IntegrityError:
+            self.ran_ahead = {}
             raise steps.StoredElsewhere(self.label) from None
 
     @transaction.atomic
     def _store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
+        """The step's one short transaction, in the steady state four statements: the
+        answer (an INSERT); the turn's counters, which also checks that the agent is
+        still ours and its turn live (an UPDATE: the next call and the calls run ahead,
+        within the turn's and the conversation's limits); the rows of the calls run
+        ahead (an INSERT); and every event of the step (an INSERT). The lease is renewed
+        only when a third of it has passed. When the counters cannot be taken (a limit,
+        a Stop, a pause), the calls run ahead are forgotten and the answer is stored the
+        way that finds out why: nothing acts on it here, or its calls run the usual way."""
         dispatch = self.dispatch
-        self.counted = False
-        taken = {c["id"] for m in self.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []}
-        response = replace(response, tool_calls=unique_ids(response.tool_calls, taken, suffix=str(step),
-                                                           blank=f"call_{step}_"))
         usage = response.usage
         LLMCall.objects.create(  # first: a step another delivery stored rolls back nothing else
             turn_id=dispatch.turn_id, dispatch=dispatch, key=_key(dispatch, step),
@@ -319,10 +366,40 @@ class Agent:
             cached_tokens=usage.cached_tokens, cost_usd=call_cost(response.model or dispatch.model, usage),
         )
         self.stored[_key(dispatch, step)] = response.to_json()
+        self.counted = False  # the call that was counted is made
+        next_call = bool(response.tool_calls)  # an answer with tool calls is followed by another call
+        if self._take_counters(next_call=next_call, skill_calls=len(self.ran_ahead)):
+            self.counted = next_call
+            self.verified_at = time.monotonic()
+            ahead = ahead_saved(list(self.ran_ahead.values()), user=self.user)
+            self.ran_ahead = {call.row.tool_call_id: call for call in ahead}
+            events_record([_step_event(dispatch, step, response, duration_ms)]
+                          + [event for call in ahead for event in _ahead_events(dispatch, call)])
+            if time.monotonic() - self.renewed_at > settings.ASSISTANT_LEASE_SECONDS / 3:
+                self._hold()
+                self.renewed_at = time.monotonic()
+            return None
+        self.ran_ahead = {}
         stop = self.check()  # stopped or paused during the call: nothing acts on it here
-        if stop is not steps.STOP:  # stopped: the call is in the audit, the step not in the timeline
-            _record_step(dispatch, step, response, duration_ms)
+        # Stopped (or ended, or taken over): the answer is paid for and in the audit, so
+        # the timeline says so too, and the page's counters, which follow events, count it.
+        events_record([_step_event(dispatch, step, response, duration_ms, too_late=stop is steps.STOP)])
         return stop
+
+    def _take_counters(self, *, next_call: bool, skill_calls: int) -> bool:
+        """One conditional UPDATE of the turn: count the next call and `skill_calls`
+        calls run ahead, while the agent holds its lease and the turn is live, within
+        the limits this delivery read (a Continue only raises them: the slow way reads
+        them again). EXISTS, not a join: see orchestration/budgets/budget.py. Written
+        out, not built with the ORM: compiling it was half of storing a step."""
+        limits, dispatch = self.limits, self.dispatch
+        most_calls = limits.turn_max_llm_calls if next_call else 2**31 - 1
+        with connection.cursor() as cursor:
+            cursor.execute(TAKE_COUNTERS, [
+                int(next_call), skill_calls, dispatch.turn_id, *LIVE_TURN, most_calls,
+                limits.turn_max_skill_calls - skill_calls, limits.conversation_max_skill_calls - skill_calls,
+                dispatch.pk, self.token, DispatchState.RUNNING])
+            return cursor.rowcount == 1
 
     # --- acting -------------------------------------------------------------------------
 
@@ -332,6 +409,7 @@ class Agent:
     def act(self, step: int, response: LLMResponse) -> Next:
         """Take in the answer: answer its tool calls, or see that the agent is done."""
         dispatch, messages = self.dispatch, self.messages
+        ahead, self.ran_ahead = self.ran_ahead, {}  # stored with this answer (none for a replayed one)
         seen = list(self.outside)  # what had reached the agent when the model wrote these calls
         self.usage = self.usage + response.usage
         self.llm_calls += 1
@@ -366,8 +444,14 @@ class Agent:
                 content = error_json(f"unknown tool {call.name!r}; {tools_text}.")
             elif self.used >= dispatch.max_tool_calls:
                 content = error_json("tool budget spent; no more tool calls are possible.")
+            elif call.id in ahead:
+                self.used += 1
+                outcome = ahead[call.id].outcome
+                content = outcome.as_tool_content()
+                self.outside = lifecycle.merged(self.outside, list(outcome.outside))
             else:
                 self.used += 1
+                self.verified_at = float("-inf")  # it took time: the next call asks first
                 content, outside = _use_skill(dispatch, self.token, self.user, call, seen)
                 self.outside = lifecycle.merged(self.outside, outside)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
@@ -465,9 +549,9 @@ class Agent:
             # comes before both or after both (and then finds it to queue).
             with transaction.atomic():
                 turn_pause(turn_id=dispatch.turn_id, trip=next_step.trip, releasing=dispatch.pk)
-                lifecycle.agent_give_back(dispatch.pk, self.token)
+                lifecycle.agent_give_back(dispatch.pk, self.token, **self.progress())
         elif kind in (steps.Kind.PAUSE, steps.Kind.HAND_BACK):
-            lifecycle.agent_give_back(dispatch.pk, self.token)
+            lifecycle.agent_give_back(dispatch.pk, self.token, **self.progress())
 
 
 def _delegation_tools(dispatch: AgentDispatch, limits: Limits) -> list[dict]:
@@ -484,12 +568,15 @@ def _refusal(dispatch: AgentDispatch, limits: Limits) -> str:
     return f"{dispatch.agent_id} may not dispatch agents (its profile does not delegate); its only tool is use_skill."
 
 
-def _record_step(dispatch: AgentDispatch, step: int, response: LLMResponse, duration_ms: int) -> None:
+def _step_event(dispatch: AgentDispatch, step: int, response: LLMResponse, duration_ms: int, *,
+                too_late: bool = False):
     """The step in the timeline, and the agent's progress in the graph (its step count)."""
     skills = [_skill_named(call) for call in response.tool_calls]
     doing = ", ".join(skills) if skills else f"report ({response.finish_reason})"
+    if too_late:
+        doing = "answered too late to act on"
     usage = response.usage
-    event_record(
+    return event_new(
         type=AGENT_LLM_CALL, dispatch=dispatch, summary=f"{dispatch.agent_id} step {step + 1}: {doing}",
         payload={"step": step + 1, "model": response.model or dispatch.model, "duration_ms": duration_ms,
                  "finish_reason": response.finish_reason, "tool_calls": skills,
@@ -505,6 +592,22 @@ def _skill_named(call: ToolCall) -> str:
         if not error and isinstance(arguments, dict) and isinstance(arguments.get("skill"), str):
             return arguments["skill"][:100]
     return call.name[:100]
+
+
+def _finished_event(dispatch: AgentDispatch, skill: str, outcome: SkillOutcome):
+    status = outcome.status if outcome.ok or outcome.status != "failed" else f"failed ({outcome.error_kind})"
+    return event_new(
+        type=SKILL_FINISHED, dispatch=dispatch, summary=f"{dispatch.agent_id} ← {skill}: {status}",
+        payload={"skill": skill, "status": outcome.status, "ok": outcome.ok, "error": outcome.error,
+                 "error_kind": str(outcome.error_kind or ""), "duration_ms": outcome.duration_ms,
+                 "execution_id": outcome.execution_id, "outside": list(outcome.outside)},
+    )
+
+
+def _ahead_events(dispatch: AgentDispatch, call: Ahead) -> list:
+    """A call run ahead, as the usual way records one: started, then finished."""
+    row = call.row
+    return [skill_started_event(dispatch, row.skill, row.arguments), _finished_event(dispatch, row.skill, call.outcome)]
 
 
 def _key(dispatch: AgentDispatch, step: int) -> str:
@@ -539,19 +642,13 @@ def _use_skill(dispatch: AgentDispatch, token: str, user, call, seen: list[str])
         reserve_skill_call(dispatch=dispatch, skill=skill, arguments=skill_arguments, token=token)
 
     def after_run(skill: str, outcome: SkillOutcome) -> None:
-        status = outcome.status if outcome.ok or outcome.status != "failed" else f"failed ({outcome.error_kind})"
-        event_record(
-            type=SKILL_FINISHED, dispatch=dispatch,
-            summary=f"{dispatch.agent_id} ← {skill}: {status}",
-            payload={"skill": skill, "status": outcome.status, "ok": outcome.ok, "error": outcome.error,
-                     "error_kind": str(outcome.error_kind or ""), "duration_ms": outcome.duration_ms,
-                     "execution_id": outcome.execution_id, "outside": list(outcome.outside)},
-        )
+        events_record([_finished_event(dispatch, skill, outcome)])
 
     outcome = execute_skill(
         name=name, arguments=skill_arguments, user=user, tool_call_id=call.id,
         scope={"dispatch": dispatch}, granted=dispatch.skills, before_run=before_run, after_run=after_run,
-        clear=approvals.gate(dispatch=dispatch, user=user, outside=seen), time_zone=dispatch.turn.time_zone,
+        clear=approvals.gate(dispatch=dispatch, user=user, outside=seen), doubt=doubts.ask(dispatch=dispatch),
+        time_zone=dispatch.turn.time_zone,
         outside=seen,  # what rows the call writes were written from (skills/provenance.py)
     )
     return outcome.as_tool_content(), list(outcome.outside)
@@ -594,12 +691,12 @@ def _finish(dispatch: AgentDispatch, token: str, *, outcome: str, result: str, e
     tool_calls = progress.get("tool_calls_used", dispatch.tool_calls_used)
     if ok:
         event_record(type=AGENT_WAITING_FOR_MERGE, dispatch=dispatch,
-                     summary=f"{dispatch.agent_id} finished ({outcome}, {tool_calls} tool calls)",
+                     summary=f"{dispatch.agent_id} finished ({outcome}, {tool_calls} tool call{'s' if tool_calls != 1 else ''})",
                      payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome,
                               "result": result[:4000], "tool_calls_used": tool_calls, "duration_ms": duration_ms})
     else:
         event_record(type=AGENT_FAILED, dispatch=dispatch,
-                     summary=f"{dispatch.agent_id} failed: {error[:150]}",
+                     summary=f"{dispatch.agent_id} failed: {failure_of(error).words[:150]}",
                      payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome, "error": error,
                               "duration_ms": duration_ms})
     lifecycle.turn_counter_add(dispatch.turn_id, prompt_tokens=usage.prompt_tokens,

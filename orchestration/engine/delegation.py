@@ -10,8 +10,9 @@ the same batch or on an agent that already ended without success.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from graphlib import CycleError, TopologicalSorter
 
 from django.conf import settings
@@ -50,13 +51,14 @@ def plan_batch(
         profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap
     )
     allowed_for_parent = set(parent.skills) if parent else None
+    owner = partial(_owner, turn)  # whose MCP servers' skills may be granted too (read when one is)
     planned = []
     for call in calls:
         spec, error = parse_arguments(call.arguments, schema)
         item = Planned(call=call, spec=spec or {}, error=error)
         if not error:
             item.profile = profiles.get(spec.get("profile", ""))
-            item.error = _skill_problem(spec["skills"], item.profile, allowed_for_parent)
+            item.error = _skill_problem(spec["skills"], item.profile, allowed_for_parent, owner)
         planned.append(item)
 
     # agent_ids are unique in the whole turn, but an agent may only depend on its
@@ -92,12 +94,25 @@ def plan_batch(
     return planned
 
 
-def _skill_problem(skills: list[str], profile: AgentProfile | None, parent_skills: set | None) -> str:
-    unknown = [name for name in skills if name not in set(registry.skill_names())]
+def _owner(turn: Turn):
+    return turn.conversation.owner
+
+
+def _skill_problem(skills: list[str], profile: AgentProfile | None, parent_skills: set | None,
+                   owner: Callable[[], object]) -> str:
+    mcp = any(name.startswith(registry.MCP_PREFIX) for name in skills)
+    found = registry.domains_for(owner() if mcp else None)
+    known = {skill.name for domain in found.values() for skill in domain.skills}
+    unknown = [name for name in skills if name not in known]
+    down = {domain.name: domain.unavailable for name in unknown if "." in name
+            and (domain := found.get(name.rsplit(".", 1)[0])) is not None and domain.unavailable}
+    if down:
+        return "; ".join(f"{name} is {why}" for name, why in down.items()) + \
+            ". Plan without it, or tell the user it cannot be used now."
     if unknown:
         return (
             f"unknown skills {unknown}. Call get_skill to list a domain's skills; "
-            f"valid names look like 'tasks.search'."
+            f"valid names look like 'tasks.search' (or 'mcp.<server>.<tool>')."
         )
     if parent_skills is not None:
         outside = [name for name in skills if name not in parent_skills]
@@ -112,10 +127,17 @@ def _skill_problem(skills: list[str], profile: AgentProfile | None, parent_skill
                     f"it allows {sorted(profile.allowed_skills)}."
                 )
         if profile.read_only:
-            writes = [n for n in skills if not registry.get_skill(n).read_only]
+            writes = [n for n in skills if not _reads(n, owner() if mcp else None)]
             if writes:
                 return f"profile {profile.name!r} is read-only and may not use {writes}."
     return ""
+
+
+def _reads(name: str, user) -> bool:
+    try:
+        return registry.get_skill(name, user).read_only
+    except registry.UnknownSkill:  # an MCP server down: what it would do is not known
+        return False
 
 
 def _refuse_unstartable(planned: list[Planned], existing: dict[str, AgentDispatch]) -> None:

@@ -1,11 +1,13 @@
 """The step machine: one loop for the orchestrator, a sub-agent and a nested sub-agent.
 
-    claim → [ replay the stored answer, or: check → ask the model → store it ] → act → next
+    claim → [ replay the stored answer, or: check → ask the model → ahead → store it ] → act → next
 
 A delivery (orchestration/worker/tasks.py) claims the work; then each step either replays an
 answer an earlier delivery stored or asks the model and stores the answer before
-anything acts on it; acting on its tool calls returns the next step (steps.py): ask
-again, done, wait for agents, pause, hand back, or stop. `Work.end` writes how the
+anything with an effect acts on it (read-only skill calls run ahead, and their rows are
+stored with the answer, in the step's one transaction: engine/agent.py); acting on its
+tool calls returns the next step (steps.py): ask again, done, wait for agents, pause,
+hand back, or stop. `Work.end` writes how the
 delivery ended, once, whatever it was. A role (engine/orchestrator.py, engine/agent.py)
 provides the methods; this file is the only place that sequences them.
 
@@ -77,7 +79,9 @@ class Work(Protocol):
     def priority(self) -> capacity.Priority: ...  # its place among calls waiting for the provider
     def record_wait(self, step: int, waited: float, model: str) -> None: ...  # an llm.waiting event
     def release_reservation(self) -> None: ...  # the call was not made, or failed
-    def charge(self, response: LLMResponse) -> None: ...  # settle the spend (its own commit)
+    def charge(self, response: LLMResponse) -> None: ...  # settle the spend (its own commit, if any)
+    def settle_up(self) -> None: ...  # what the delivery owes the counters, however it ended
+    def ahead(self, step: int, response: LLMResponse) -> LLMResponse: ...  # what may run before storing
     def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None: ...
     def acts_on_skills(self, response: LLMResponse) -> bool: ...
     def act(self, step: int, response: LLMResponse) -> Next: ...
@@ -97,12 +101,13 @@ async def run(role, item_id: int) -> None:
         if not runner.handing_back():
             raise
         next_step = steps.HAND_BACK  # the process is ending: cut the model call short
-    if next_step.kind is Kind.STOP:
-        return
     try:
-        await db_retrying(work.end, next_step)
+        if next_step.kind is not Kind.STOP:
+            await db_retrying(work.end, next_step)
     except LeaseLost:
         logger.info("%s: lease lost before it could end; its new holder goes on", work.label)
+    finally:
+        await db_retrying(work.settle_up)  # the calls were made, whoever holds the work now
 
 
 async def _steps_retrying(work: Work) -> Next:
@@ -136,6 +141,7 @@ async def _steps(work: Work) -> Next:
                 await db_retrying(work.release_reservation)
                 raise
             await db_retrying(work.charge, response)
+            response = await (runner.skills if work.acts_on_skills(response) else _inline)(work.ahead, step, response)
             if (stop := await db_retrying(work.store, step, response, duration_ms)) is not None:
                 return stop
         on_pool = runner.skills if work.acts_on_skills(response) else runner.db
@@ -143,6 +149,10 @@ async def _steps(work: Work) -> Next:
         if next_step.kind is not Kind.AGAIN:
             return next_step
     raise AssertionError("unreachable")
+
+
+async def _inline(fn, /, *args):
+    return fn(*args)
 
 
 async def _ask(work: Work, step: int) -> tuple[LLMResponse, int]:

@@ -19,7 +19,7 @@ from django.db.models import F
 
 from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.budgets.pricing import call_cost
-from orchestration.budgets.spending import Reservation, spend_release, spend_reserve, spend_settle
+from orchestration.budgets.spending import SpendMeter
 from orchestration.delivery import runner
 from orchestration.delivery.dbretry import is_transient
 from orchestration.delivery.leases import LeaseLost, lease_until, new_token
@@ -70,8 +70,9 @@ class Orchestrator:
         self.turn: Turn | None = None
         self.limits: Limits | None = None
         self.first_step = 0
-        self.reservation: Reservation | None = None
+        self.spend: SpendMeter | None = None  # made at load, kept across reloads
         self.call: dict = {}
+        self.profiles: dict | None = None
 
     # --- claim and replay ---------------------------------------------------------------
 
@@ -87,6 +88,7 @@ class Orchestrator:
     def load(self) -> None:
         self.turn = Turn.objects.select_related("conversation__owner").get(pk=self.turn_id)
         self.limits = Limits.from_json(self.turn.limits)
+        self.spend = self.spend or SpendMeter(self.turn.conversation.owner)
         # The last stored answer is acted on again (its pending calls); earlier ones are done.
         self.first_step = max(self.turn.llm_iterations - 1, 0)
 
@@ -119,23 +121,22 @@ class Orchestrator:
                 "for this turn without a final answer.",
                 detail={"limit": limits.turn_max_llm_iterations, "used": self.turn.llm_iterations},
             ))
-        profiles = profiles_by_name()
+        profiles = self.profiles = self.profiles or profiles_by_name()  # read once a delivery
         prompt = orchestrator_system_prompt(
-            catalogue=catalogue(), profiles=[{"name": p.name, "description": p.description} for p in profiles.values()],
+            catalogue=catalogue(self.turn.conversation.owner), profiles=[{"name": p.name, "description": p.description} for p in profiles.values()],
             local_time=user_local_time(self.turn),
         )
         tools = orchestrator_tools(profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap)
         messages = llm_messages(turn=self.turn, system_prompt=prompt)
         model = settings.ASSISTANT_ORCHESTRATOR_MODEL
         # Reserved before the call is made; a call the allowance cannot cover pauses the turn.
-        self.reservation = spend_reserve(user=self.turn.conversation.owner, model=model, messages=messages,
-                                         tools=tools)
+        self.spend.reserve(model=model, messages=messages, tools=tools)
         self.call = {"model": model, "messages": messages, "tools": tools}
         return None
 
     def request(self) -> dict:
         return {**self.call, "provider": self.provider, "on_text": _DraftWriter(self.turn, self.token),
-                "max_tokens": self.reservation.max_tokens if self.reservation else None}
+                "max_tokens": self.spend.max_tokens}
 
     def retries(self) -> tuple[int, int]:
         return self.turn.llm_retries, self.limits.orchestrator_max_retries
@@ -163,12 +164,18 @@ class Orchestrator:
                      payload={"iteration": step + 1, "model": model, "waited_ms": int(waited * 1000)})
 
     def release_reservation(self) -> None:
-        spend_release(reservation=self.reservation)
+        self.spend.release()
 
     def charge(self, response: LLMResponse) -> None:
         """The call counts at what it used, in its own commit: even if storing it fails."""
-        spend_settle(reservation=self.reservation, usage=response.usage,
-                     cost=call_cost(response.model or self.call["model"], response.usage))
+        self.spend.settle(response.usage, call_cost(response.model or self.call["model"], response.usage))
+
+    def settle_up(self) -> None:
+        if self.spend is not None:
+            self.spend.flush()
+
+    def ahead(self, step: int, response: LLMResponse) -> LLMResponse:
+        return response  # nothing runs before the answer is stored
 
     def store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
         """Store the answer, its (uniquely named) tool calls and its event, or nothing.
@@ -186,9 +193,9 @@ class Orchestrator:
                 lease_expires_at=lease_until(), llm_iterations=F("llm_iterations") + 1, answer_draft="",
                 **{k: F(k) + v for k, v in usage.items()}):
             return steps.STOP
-        taken = set(turn.messages.exclude(tool_call_id="").values_list("tool_call_id", flat=True))
-        for message in turn.messages.exclude(tool_calls=[]):
-            taken.update(call["id"] for call in message.tool_calls)
+        # The ids this turn has used, as the request that was answered sent them.
+        taken = {m.get("tool_call_id") for m in self.call["messages"] if m.get("tool_call_id")}
+        taken.update(c["id"] for m in self.call["messages"] for c in m.get("tool_calls") or [])
         calls = unique_ids(response.tool_calls, taken, suffix=str(iteration), blank="call_")
         LLMCall.objects.create(turn=turn, key=f"orchestrator:{iteration}", model=model, response=response.to_json(),
                                duration_ms=duration_ms, **usage, cost_usd=call_cost(model, response.usage))
@@ -244,7 +251,7 @@ class Orchestrator:
                     return steps.WAIT
                 continue
             if call.name == GET_SKILL:
-                content = _get_skill(call)
+                content = _get_skill(call, self.turn.conversation.owner)
             else:
                 content = error_json(f"unknown tool {call.name!r}; the tools are {', '.join(ORCHESTRATOR_TOOL_NAMES)}.")
             with transaction.atomic():
@@ -350,11 +357,11 @@ def _last_seq(turn: Turn) -> int:
     return seen.order_by("-seq").values_list("seq", flat=True).first() or 0
 
 
-def _get_skill(call: ToolCall) -> str:
+def _get_skill(call: ToolCall, owner) -> str:
     arguments, error = parse_arguments(call.arguments, get_skill_parameters())
     if error:
         return error_json(error)
-    return json.dumps(get_skill_tool_result(arguments.get("domain")))
+    return json.dumps(get_skill_tool_result(arguments.get("domain"), owner))
 
 
 def _response_problem(response: LLMResponse, calls: list[ToolCall]) -> str:

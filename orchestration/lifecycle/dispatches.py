@@ -236,7 +236,7 @@ def orchestrator_wake_if_ready(turn: Turn, dispatches: list[AgentDispatch] | Non
 # --- giving back: pauses, hand-backs, crashes -------------------------------------------
 
 
-def agent_give_back(dispatch_id: int, token: str | None) -> bool:
+def agent_give_back(dispatch_id: int, token: str | None, **fields) -> bool:
     """running → created: the agent stops here and runs again later, from its stored
     steps (a pause, this process ending, or — token None — its worker died). Under the
     turn's lock and followed by the schedule rule, so an owner's Continue that commits
@@ -245,7 +245,7 @@ def agent_give_back(dispatch_id: int, token: str | None) -> bool:
         turn = lock_turn(AgentDispatch.objects.values_list("turn_id", flat=True).get(pk=dispatch_id))
         where = {"lease_token": token} if token is not None else {}
         if not transition(dispatch_id, source=DispatchState.RUNNING, target=DispatchState.CREATED, where=where,
-                          lease_token="", lease_expires_at=None, queued_at=None):
+                          lease_token="", lease_expires_at=None, queued_at=None, **fields):
             return False
         dispatch_schedule(turn)
     return True

@@ -11,6 +11,7 @@ from orchestration.budgets.limits import Limits
 from orchestration.delivery.leases import lease_until
 from orchestration.delivery.queue import enqueue_orchestrator_step
 from orchestration.lifecycle import dispatches as lifecycle
+from orchestration.lifecycle.refusals import TurnOver, TurnRefused  # noqa: F401 - raised here, imported from here
 from orchestration.models import (
     ACTIVE_TURN_STATUSES,
     Conversation,
@@ -21,20 +22,19 @@ from orchestration.models import (
     TurnPause,
     TurnStatus,
 )
+from orchestration.questions.pauses import pause_recorded
+from orchestration.reports import otel
 from orchestration.records.catalogue import TURN_COMPLETED, TURN_FAILED, TURN_STARTED, TURN_STOPPED
 from orchestration.records.events import event_record, group_notify
 from orchestration.records.history import message_append
 from orchestration.records.outside import conversation_outside_fold
+from orchestration.reports.errors import failure_of
 from orchestration.zones import user_time_zone
 from skills.models import ExecutionStatus
 from skills.registry import UnknownSkill, get_skill
 from skills.validation import unstorable_text
 
 MAX_MESSAGE_CHARS = 8000
-
-
-class TurnRefused(Exception):
-    """The request cannot start or change a turn; the message says why, for the user."""
 
 
 def turn_start(*, conversation: Conversation, text: str) -> Turn:
@@ -80,7 +80,7 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
     return turn
 
 
-TITLE_CHARS = 48
+TITLE_CHARS = 120  # the list shows one line of it and the rest on hover; the page, two
 
 
 def conversation_title(text: str) -> str:
@@ -125,6 +125,7 @@ def _finish(turn_id: int, token: str | None, *, status: str, error: str = "") ->
         return None
     turn = Turn.objects.select_related("conversation").get(pk=turn_id)
     conversation_outside_fold(turn=turn)
+    otel.after_ending(turn_id)  # its trace, once this commits (when OTEL_* asks for one)
     return turn
 
 
@@ -157,9 +158,12 @@ def shortfall_note(turn: Turn) -> str:
     agents = list(turn.dispatches.order_by("id").values_list("agent_id", "outcome", "error", "close_reason"))
     missed = [(agent_id, outcome or "closed", error or reason) for agent_id, outcome, error, reason in agents
               if outcome != DispatchOutcome.COMPLETED]
-    failed_calls = list(SkillExecution.objects.filter(dispatch__turn=turn)
-                        .exclude(status__in=[ExecutionStatus.COMPLETED, ExecutionStatus.RUNNING])
-                        .order_by("id").values_list("skill", "status"))
+    calls = list(SkillExecution.objects.filter(dispatch__turn=turn)
+                 .exclude(status__in=[ExecutionStatus.COMPLETED, ExecutionStatus.RUNNING])
+                 .order_by("id").values_list("skill", "result"))
+    declined = [skill for skill, result in calls if _declined(result)]  # the owner's word, not a failure
+    unknown = [skill for skill, result in calls if _kind(result) == "in_doubt"]  # lost; may have happened
+    failed_calls = [skill for skill, result in calls if not _declined(result) and _kind(result) != "in_doubt"]
     parts = []
     if missed:
         named = "; ".join(f"**{agent_id}** {outcome.replace('_', ' ')}" + (f" ({why[:160]})" if why else "")
@@ -168,10 +172,23 @@ def shortfall_note(turn: Turn) -> str:
         parts.append(f"{len(missed)} of {len(agents)} agent{'s' if len(agents) != 1 else ''} did not complete: "
                      f"{named}{more}.")
     if failed_calls:
-        skills = ", ".join(sorted({skill for skill, _ in failed_calls}))
         count = len(failed_calls)
-        parts.append(f"{count} skill call{'s' if count != 1 else ''} failed ({skills}).")
+        parts.append(f"{count} skill call{'s' if count != 1 else ''} failed ({', '.join(sorted(set(failed_calls)))}).")
+    if declined:
+        parts.append(f"You declined {', '.join(sorted(set(declined)))}, so it was not done.")
+    if unknown:
+        parts.append(f"Whether {', '.join(sorted(set(unknown)))} happened is not known: it was sent and its answer "
+                     "was lost, and it was not sent again.")
     return ("From the engine's record: " + " ".join(parts)) if parts else ""
+
+
+def _declined(result) -> bool:
+    """A row the owner's Deny ended keeps the kind its agent was shown (skills/models.py)."""
+    return _kind(result) == "denied"
+
+
+def _kind(result) -> str:
+    return result.get("error_kind", "") if isinstance(result, dict) else ""
 
 
 def side_effects(turn: Turn) -> list[str]:
@@ -182,7 +199,7 @@ def side_effects(turn: Turn) -> list[str]:
             .order_by("finished_at", "id").values_list("skill", "arguments", "result"))
     for name, arguments, result in rows:
         try:
-            skill = get_skill(name)
+            skill = get_skill(name, turn.conversation.owner)
         except UnknownSkill:
             continue
         if not skill.read_only:
@@ -206,9 +223,10 @@ def turn_fail(*, turn_id: int, error: str, token: str | None = None) -> None:
         return
     lifecycle.turn_dispatches_close(turn, reason="the turn failed")
     effects = side_effects_note(turn)
+    words = failure_of(error).words  # the whole error stays in the turn, its event and the audit
     message_append(turn=turn, role=Message.Role.NOTICE,
-                   content=f"Sorry — this turn failed. {error}" + (f"\n\n{effects}" if effects else ""))
-    event_record(type=TURN_FAILED, turn=turn, summary=f"Turn {turn.number} failed: {error[:200]}", payload={"error": error})
+                   content=f"Sorry — this turn failed. {words}" + (f"\n\n{effects}" if effects else ""))
+    event_record(type=TURN_FAILED, turn=turn, summary=f"Turn {turn.number} failed: {words[:200]}", payload={"error": error})
 
 
 @transaction.atomic
@@ -218,10 +236,12 @@ def turn_stop(*, turn: Turn, user) -> Turn:
     if turn.conversation.owner_id != user.pk:
         raise TurnRefused("Only the conversation's owner can stop this turn.")
     if not turn.is_active:
-        raise TurnRefused(f"This turn is already {turn.status}.")
-    TurnPause.objects.filter(turn=turn, decision="").update(
-        decision=TurnPause.Decision.STOP, decided_by=user, decided_at=timezone.now()
-    )
+        raise TurnOver(f"The turn had already {_ENDED.get(turn.status, turn.status)} before the Stop reached it.")
+    open_pause = TurnPause.objects.filter(turn=turn, decision="").values_list("pk", flat=True).first()
+    if open_pause is not None:  # one at most (one_open_pause_per_turn)
+        TurnPause.objects.filter(pk=open_pause).update(
+            decision=TurnPause.Decision.STOP, decided_by=user, decided_at=timezone.now())
+        pause_recorded(open_pause)
     _finish(turn.pk, None, status=TurnStatus.STOPPED)
     lifecycle.turn_dispatches_close(turn, reason="stopped by the owner")
     summary = stop_summary(turn)
@@ -233,8 +253,16 @@ def turn_stop(*, turn: Turn, user) -> Turn:
     return turn
 
 
+_ENDED = {TurnStatus.COMPLETED: "been answered", TurnStatus.FAILED: "failed", TurnStatus.STOPPED: "been stopped"}
+
+
 def stop_summary(turn: Turn) -> str:
+    """What was done; and the answer as far as it had streamed (`turn` read before the
+    Stop cleared its draft): the owner read it on the page, and it stays in the chat."""
     done = [d.agent_id for d in turn.dispatches.all() if lifecycle.succeeded(d)]
     lines = ["Stopped at your request."]
     lines.append(f"Completed: {', '.join(done)}." if done else "No agent had completed.")
-    return " ".join(lines)
+    summary = " ".join(lines)
+    if turn.answer_draft.strip():
+        summary += f"\n\nThe answer so far:\n\n{turn.answer_draft}"
+    return summary

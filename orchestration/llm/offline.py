@@ -16,6 +16,7 @@ from datetime import date, datetime, time, timedelta
 from django.utils import timezone
 
 from orchestration.llm.base import LLMResponse, ToolCall, Usage
+from skills.domains.common import when_words
 
 OFFLINE_MODEL = "offline-planner"
 BANNER = "*(Offline planner — no LLM API key is configured, so this answer was planned by simple rules.)*"
@@ -205,6 +206,8 @@ def _report(results: list[dict]) -> str:
             data = {"ok": False, "error": message["content"]}
         if data.get("ok"):
             parts.append(_humanize(data.get("result")))
+        elif data.get("kind") == "denied":  # the error speaks to a model; this to the owner
+            parts.append("Not done: you declined it.")
         else:
             parts.append(f"Failed: {data.get('error', 'unknown error')}")
     return "\n".join(parts)
@@ -216,7 +219,8 @@ def _humanize(result) -> str:
             if isinstance(item, dict):
                 line = f"{key} #{item.get('id', '?')}: {_one_line(item)}"
                 if result.get("overlaps"):
-                    line += f" — overlaps {len(result['overlaps'])} other event(s)"
+                    count = len(result["overlaps"])
+                    line += f" — overlaps {count} other event{'s' if count != 1 else ''}"
                 return line
         for key, items in result.items():  # a search: "tasks", "events", ...
             if isinstance(items, list) and all(isinstance(item, dict) for item in items):
@@ -231,7 +235,8 @@ def _one_line(item) -> str:
     if not isinstance(item, dict):
         return str(item)
     label = item.get("title") or item.get("subject") or item.get("text") or item.get("name") or item.get("path") or ""
-    extras = [f"{k}: {_plain(item[k])}" for k in ("due", "start", "to", "status") if item.get(k)]
+    extras = [f"{k}: {when_words(item[k]) if k in ('due', 'start') else _plain(item[k])}"
+              for k in ("due", "start", "to", "status") if item.get(k)]
     return f"{label} ({'; '.join(str(e) for e in extras)})" if extras else str(label)
 
 

@@ -33,6 +33,7 @@ from django.utils import timezone
 
 from orchestration.budgets.limits import LimitTripped
 from orchestration.lifecycle import dispatches as lifecycle
+from orchestration.lifecycle.refusals import TurnRefused
 from orchestration.models import AgentDispatch, SkillApproval, Turn, TurnPause, TurnStatus
 from orchestration.questions.pauses import APPROVAL, AlreadyAnswered, turn_resume
 from orchestration.records.catalogue import APPROVAL_DECIDED
@@ -97,9 +98,7 @@ def gate(*, dispatch: AgentDispatch, user, outside: list[str]) -> Clear:
         if answer is None:
             raise ApprovalNeeded(dispatch=dispatch, skill=skill.name, arguments=arguments, reasons=reasons,
                                  outside=list(outside))
-        who = {"by": "owner", "approval_id": answer.pk, "decided_by": answer.decided_by.get_username()
-               if answer.decided_by else "", "decided_at": answer.decided_at.isoformat() if answer.decided_at else "",
-               "reasons": answer.reasons}
+        who = owner_word(answer) | {"reasons": answer.reasons}
         if answer.decision == SkillApproval.Decision.DENIED:
             raise CallDenied(f"the owner declined this call of {skill.name}; do not try it again, "
                              f"report that it was declined", clearance=cleared | who)
@@ -109,9 +108,17 @@ def gate(*, dispatch: AgentDispatch, user, outside: list[str]) -> Clear:
     return clear
 
 
+def owner_word(answer: SkillApproval) -> dict:
+    """A call's clearance by the owner's answer: who answered which question, and when."""
+    return {"by": "owner", "approval_id": answer.pk,
+            "decided_by": answer.decided_by.get_username() if answer.decided_by else "",
+            "decided_at": answer.decided_at.isoformat() if answer.decided_at else ""}
+
+
 def _answer_for(dispatch: AgentDispatch, skill: str, arguments: dict) -> SkillApproval | None:
     """The owner's unused answer to this very call (a denial stays usable)."""
-    answers = SkillApproval.objects.filter(dispatch=dispatch, digest=call_digest(skill, arguments)).exclude(
+    answers = SkillApproval.objects.filter(dispatch=dispatch, digest=call_digest(skill, arguments),
+                                           kind=SkillApproval.Kind.APPROVAL).exclude(
         decision=SkillApproval.Decision.PENDING).select_related("decided_by").order_by("id")
     for answer in answers:
         if answer.decision == SkillApproval.Decision.DENIED or answer.execution_id is None:
@@ -141,8 +148,6 @@ def approval_answer(*, turn: Turn, user, approval_id: int, digest: str | None, a
     a second click, or a tab still showing an answered question, posts an answer that
     is no longer the waiting one, and must not land on the call asked next (StaleAnswer).
     """
-    from orchestration.lifecycle.turns import TurnRefused
-
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn.pk)
         if turn.conversation.owner_id != user.pk:
@@ -154,9 +159,12 @@ def approval_answer(*, turn: Turn, user, approval_id: int, digest: str | None, a
         decision = SkillApproval.Decision.APPROVED if approve else SkillApproval.Decision.DENIED
         approval.decision, approval.decided_by, approval.decided_at, approval.rule = decision, user, timezone.now(), rule
         approval.save(update_fields=["decision", "decided_by", "decided_at", "rule"])
+        agent = pause.detail.get("agent", "")
         event_record(
             type=APPROVAL_DECIDED, turn=turn,
-            summary=f"{user.get_username()} {decision} {approval.skill} for {pause.detail.get('agent', '')}"
+            summary=(f"{user.get_username()} chose to {approval.decision_words()} ({approval.skill} for {agent}, "
+                     "in doubt)" if approval.in_doubt else
+                     f"{user.get_username()} {decision} {approval.skill} for {agent}")
             + (f" and set a rule: {rule.words()}" if rule else ""),
             payload={"approval_id": approval.pk, "skill": approval.skill, "decision": decision,
                      "decided_by": user.get_username(), "rule": rule.words() if rule else "",
@@ -196,8 +204,9 @@ def _domains(approval: SkillApproval) -> set[str]:
 def rule_offered(approval: SkillApproval) -> str:
     """The "always allow" rule the prompt offers, in words; "" when none is (a message to
     several domains is approved once: a rule for all of them would be too wide; nor is
-    one offered for a call outside content reached, whose recipients it may have chosen)."""
-    if approval.outside:
+    one offered for a call outside content reached, whose recipients it may have chosen,
+    nor for a call in doubt: its question is about one lost call)."""
+    if approval.outside or approval.in_doubt:
         return ""
     domains = _domains(approval)
     if "to" in (approval.arguments or {}) and len(domains) != 1:
@@ -238,8 +247,13 @@ def approval_question(approval: SkillApproval) -> str:
     """The approval prompt as text (manage.py ask prints it), naming the approval by its
     id: the terminal answers with it (`--approve ID`), as the page posts it."""
     arguments = approval.arguments or {}
-    lines = [f"**Approve?** (approval {approval.pk}) {approval.dispatch.agent_id} wants to run {approval.skill}. "
-             + "Nothing has been done yet."]
+    if approval.in_doubt:
+        lines = [f"**Send it again?** (approval {approval.pk}) {approval.dispatch.agent_id}'s call of "
+                 f"{approval.skill} may or may not have happened. Approve sends it again; deny goes on as if it "
+                 "failed."]
+    else:
+        lines = [f"**Approve?** (approval {approval.pk}) {approval.dispatch.agent_id} wants to run "
+                 f"{approval.skill}. Nothing has been done yet."]
     lines += [f"- {key}: {value if not isinstance(value, list) else ', '.join(map(str, value))}"
               for key, value in arguments.items()]
     lines += ["It asks because:"] + [f"- {reason}" for reason in approval.reasons]

@@ -17,6 +17,7 @@ from django.utils import formats, timezone
 from orchestration.budgets.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.budgets.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
 from orchestration.lifecycle import dispatches as lifecycle
+from orchestration.lifecycle.refusals import TurnRefused
 from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
 from orchestration.records.catalogue import LIMIT_TRIPPED, TURN_PAUSED, TURN_RESUMED
 from orchestration.records.events import event_record
@@ -63,10 +64,9 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None,
         lifecycle.turn_move(turn.pk, source=turn.status, target=TurnStatus.PAUSED, answer_draft="", **held)
         event_record(type=LIMIT_TRIPPED, turn=turn, summary=trip.summary(pause_words_of(pause).label),
                      payload=detail | {"limit": trip.limit})
-        # A one-line record in the chat; the question itself, with its buttons, is the
-        # prompt panel (one prompt per pause). The detail stays on the pause and the event.
-        message_append(turn=turn, role=Message.Role.NOTICE,
-                       content=f"Turn {turn.number} paused. {pause_words(trip.limit, detail).reached}")
+        # A one-line record in the chat, at the turn's place, which the answer completes;
+        # the question itself, with its buttons, is the prompt panel (one prompt per pause).
+        message_append(turn=turn, role=Message.Role.NOTICE, content=pause_record(pause))
         question = "approve?" if trip.limit == APPROVAL else "continue?"
         event_record(type=TURN_PAUSED, turn=turn, summary=f"Turn {turn.number} paused: {question}",
                      payload={"pause_id": pause.pk, "limit": trip.limit})
@@ -143,6 +143,53 @@ def pause_words(limit: str, detail: dict) -> PauseWords:
     )
 
 
+def pause_label(pause: TurnPause) -> str:
+    """What the turn paused on, as the audit and the admin name it: "agents per turn",
+    "approval of email.send"."""
+    if pause.limit == APPROVAL:
+        approval = getattr(pause, "approval", None)
+        if approval is not None and approval.in_doubt:
+            return f"a call of {approval.skill} in doubt"
+        return f"approval of {approval.skill}" if approval is not None else "an approval"
+    return pause_words(pause.limit, pause.detail).label
+
+
+def pause_answer(pause: TurnPause) -> str:
+    """How the question was answered, in the owner's terms: an approval is approved or
+    denied (its pause only says the turn went on), a limit continued or stopped."""
+    if not pause.decision:
+        return "waiting for the owner"
+    if pause.decision == TurnPause.Decision.STOP:
+        return "stopped"
+    approval = getattr(pause, "approval", None) if pause.limit == APPROVAL else None
+    if approval is not None and approval.decision:
+        words = approval.decision_words()  # "approved", "denied"; "send it again", "go on as if it failed"
+        return f"chose to {words}" if approval.in_doubt else words
+    return "continued"
+
+
+def pause_record(pause: TurnPause, *, answered: bool = True) -> str:
+    """The pause's line in the chat: what the turn paused on, and once answered, the
+    answer ("Turn 2 paused on approval of email.send: alice approved it.")."""
+    line = f"Turn {pause.turn.number} paused on {pause_label(pause)}"
+    if not (pause.decision and answered):
+        return f"{line}: waiting for your answer below."
+    who = pause.decided_by.get_username() if pause.decided_by else "someone"
+    answer = pause_answer(pause)
+    return f"{line}: {who} {answer}." if answer.startswith("chose") else f"{line}: {who} {answer} it."
+
+
+def pause_recorded(pause_id: int) -> None:
+    """Complete the pause's line in the chat with its answer (in the answer's
+    transaction). The line waiting for it is the earliest with its words: one pause is
+    open at a time."""
+    pause = TurnPause.objects.select_related("turn", "decided_by", "approval").get(pk=pause_id)
+    waiting = pause_record(pause, answered=False)
+    line = Message.objects.filter(turn=pause.turn, role=Message.Role.NOTICE, content=waiting).order_by("seq").first()
+    if line is not None:
+        Message.objects.filter(pk=line.pk).update(content=pause_record(pause))
+
+
 CONTINUES_SPENT = "This turn has been continued as many times as one turn may be: Continue is not possible."
 
 
@@ -175,8 +222,6 @@ class AlreadyAnswered(Exception):
 
 def turn_continue(*, turn: Turn, user) -> Turn:
     """Grant a fresh budget of the tripped kind and resume. Only the owner; only once."""
-    from orchestration.lifecycle.turns import TurnRefused
-
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn.pk)
         if turn.conversation.owner_id != user.pk:
@@ -212,6 +257,7 @@ def turn_resume(*, turn: Turn, pause: TurnPause, user, limits: dict | None = Non
             decision=TurnPause.Decision.CONTINUE, decided_by=user, decided_at=timezone.now()
         ):
             raise AlreadyAnswered("This turn was already resumed or stopped.")
+        pause_recorded(pause.pk)
         limits = limits if limits is not None else turn.limits
         lifecycle.turn_move(
             turn.pk, source=TurnStatus.PAUSED, target=TurnStatus.RUNNING, limits=limits, queued_at=None,

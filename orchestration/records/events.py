@@ -1,8 +1,9 @@
 """The append-only event log, and its delivery to open pages.
 
 An event is written in the caller's transaction and published to the conversation's
-Channels group only after that transaction commits: a page never sees a fact that was
-rolled back. Delivery is at most once; the page replays from the table to fill gaps.
+Channels group only after that transaction commits, once however many of the
+conversation's events it wrote: a page never sees a fact that was rolled back. Delivery
+is at most once; the page replays from the table to fill gaps.
 """
 
 from __future__ import annotations
@@ -25,7 +26,15 @@ def group_name(conversation_id: int) -> str:
     return f"conversation-{conversation_id}"
 
 
-def event_record(
+def event_record(**fields) -> Event:
+    """Save one event (`event_new`'s fields) in the caller's transaction."""
+    event = event_new(**fields)
+    event.save(force_insert=True)
+    _publish_after_commit(event)
+    return event
+
+
+def event_new(
     *,
     type: str,
     summary: str,
@@ -34,19 +43,39 @@ def event_record(
     dispatch: AgentDispatch | None = None,
     payload: dict | None = None,
 ) -> Event:
+    """An event not saved yet (`events_record` saves several at once)."""
     if turn is None and dispatch is not None:
         turn = dispatch.turn
-    event = Event.objects.create(
+    return Event(
         # by id: the conversation row is not needed, and reading it would cost a query
         conversation_id=conversation.pk if conversation is not None else turn.conversation_id,
-        turn=turn,
-        dispatch=dispatch,
-        type=type,
-        summary=summary[:300],
-        payload=payload or {},
+        turn=turn, dispatch=dispatch, type=type, summary=summary[:300], payload=payload or {},
     )
-    transaction.on_commit(lambda: event_publish(event))
-    return event
+
+
+def events_record(events: list[Event]) -> list[Event]:
+    """Save `events` of one conversation in one INSERT, published once after the commit
+    (a page reads every event it has not seen when told)."""
+    if not events:
+        return []
+    Event.objects.bulk_create(events)
+    _publish_after_commit(events[-1])
+    return events
+
+
+def _publish_after_commit(event: Event) -> None:
+    """Publish once the transaction commits, once for all the conversation's events in
+    it: a page reads every event it has not seen when told, so one message does."""
+    connection = transaction.get_connection()
+    if connection.in_atomic_block and any(
+            getattr(func, "publishes", None) == event.conversation_id for _, func, _ in connection.run_on_commit):
+        return
+
+    def publish():
+        event_publish(event)
+
+    publish.publishes = event.conversation_id
+    transaction.on_commit(publish)
 
 
 PUBLISH_TIMEOUT_SECONDS = 5.0

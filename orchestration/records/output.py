@@ -11,6 +11,8 @@ was), until retention ages it out.
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 
 
@@ -29,3 +31,18 @@ def text_bounded(text: str, *, limit: int) -> str:
         return text
     keep = max(0, limit - len(truncation_note(len(text))) - 2)
     return f"{text[:keep]}\n\n{truncation_note(len(text) - keep)}"
+
+
+def json_unwrapped(value):
+    """`value` with the JSON text inside it decoded: a tool call's arguments are a JSON
+    string, which shown as JSON again reads as one escaped line ("{\\"to\\": …")."""
+    if isinstance(value, dict):
+        return {key: json_unwrapped(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [json_unwrapped(item) for item in value]
+    if isinstance(value, str) and value[:1] in "{[" and value[-1:] in "}]":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value

@@ -9,6 +9,7 @@ from django.utils import timezone
 from orchestration.budgets.limits import Limits
 from orchestration.budgets.usage import TurnSpend, conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, Conversation, Turn
+from orchestration.questions.pauses import pause_answer, pause_label
 
 
 def _iso(value):
@@ -24,6 +25,7 @@ def execution_tree(executions: list, parent_id=None) -> list[dict]:
             "arguments": e.arguments, "result": e.result, "error": e.error, "duration_ms": e.duration_ms,
             "clearance": e.clearance, "outside": e.outside,
             "started_at": _iso(e.started_at), "finished_at": _iso(e.finished_at),
+            "sent_at": _iso(e.sent_at),  # a call to another system (MCP): when it was sent
             "children": execution_tree(executions, e.pk),
         }
         for e in executions
@@ -67,6 +69,7 @@ def turn_audit(turn: Turn) -> dict:
         "id": turn.pk, "number": turn.number, "status": turn.status, "error": turn.error,
         "started_at": _iso(turn.started_at), "finished_at": _iso(turn.finished_at),
         "limits": turn.limits, "continuations": turn.continuations,
+        "forked_from": {"turn": turn.forked_from_id, "at": turn.forked_at} if turn.forked_from_id else None,
         # Past the retention window (manage.py prune): what the turn held, its transcript gone.
         "pruned_at": _iso(turn.pruned_at), "tombstone": turn.tombstone or None,
         "counters": {"agents": turn.agents_dispatched, "skill_calls": turn.skill_calls,
@@ -75,9 +78,10 @@ def turn_audit(turn: Turn) -> dict:
                      "llm_iterations_typical": TYPICAL_ORCHESTRATOR_CALLS},
         "usage": spend.total.to_json(), "orchestrator_usage": spend.orchestrator.to_json(),
         "pauses": [
-            {"limit": p.limit, "tripped_at": _iso(p.tripped_at), "detail": p.detail, "decision": p.decision,
+            {"limit": p.limit, "label": pause_label(p), "tripped_at": _iso(p.tripped_at), "detail": p.detail,
+             "decision": p.decision, "answer": pause_answer(p),
              "decided_by": p.decided_by.get_username() if p.decided_by else None, "decided_at": _iso(p.decided_at)}
-            for p in turn.pauses.select_related("decided_by")
+            for p in turn.pauses.select_related("decided_by", "approval")
         ],
         "dispatches": dispatch_tree(dispatches, spend),
         "events": [

@@ -5,24 +5,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from django.utils.timesince import timesince
 
 from orchestration.budgets.usage import Spend, TurnSpend, conversation_spend, turn_spend
-from orchestration.models import Conversation, Event, Message, Turn
+from orchestration.models import AgentDispatch, Conversation, DispatchOutcome, Event, Message, Turn
 from orchestration.records.catalogue import AGENT_LLM_CALL, SKILL_FINISHED, SKILL_STARTED
 
 
 def conversations_for(*, user) -> QuerySet[Conversation]:
-    """The user's conversations, most recent first, each with its latest turn's status
-    and its latest event's time (`latest_status`, `latest_event_at`)."""
+    """The user's conversations, most recent first, each with its latest turn's status,
+    whether an agent of that turn failed (`latest_had_failures`: an answer is not the whole
+    story then) and its latest event's time (`latest_status`, `latest_event_at`)."""
     latest_turn = Turn.objects.filter(conversation=OuterRef("pk")).order_by("-number")
     latest_event = Event.objects.filter(conversation=OuterRef("pk")).order_by("-id")
+    failed_agent = AgentDispatch.objects.filter(
+        turn_id=OuterRef("latest_turn_id"), outcome__in=(DispatchOutcome.FAILED, DispatchOutcome.TIMEOUT))
     return Conversation.objects.filter(owner=user).annotate(
+        latest_turn_id=Subquery(latest_turn.values("pk")[:1]),
         latest_status=Subquery(latest_turn.values("status")[:1]),
         latest_event_at=Subquery(latest_event.values("created_at")[:1]),
-    ).order_by("-updated_at", "-id")
+    ).annotate(latest_had_failures=Exists(failed_agent)).order_by("-updated_at", "-id")
 
 
 # Every state a page shows, in words: a turn's status, an agent's displayed state (see
@@ -32,6 +36,7 @@ STATE_WORDS = {
     "paused": "paused: waiting for you", "completed": "completed", "failed": "failed",
     "stopped": "stopped", "reported": "reported, not read yet", "skipped": "skipped", "cancelled": "cancelled", "closed": "closed",
     "timeout": "timed out", "budget_exceeded": "completed (its budget ran out)",
+    "awaiting_approval": "waiting for your approval",
 }
 
 
@@ -42,7 +47,7 @@ def state_words(state: str) -> str:
 # A conversation's state in the list, from its latest turn's status.
 CONVERSATION_STATES = {
     "running": "running", "waiting": "running", "paused": "waiting for you",
-    "completed": "answered", "failed": "failed", "stopped": "stopped",
+    "completed": "answered", "partial": "answered, an agent failed", "failed": "failed", "stopped": "stopped",
 }
 
 
@@ -61,9 +66,12 @@ def conversation_rows(*, user) -> list[ConversationRow]:
     rows = []
     for conversation in conversations_for(user=user):
         at = max(filter(None, [conversation.updated_at, conversation.latest_event_at]))
+        state = conversation.latest_status or ""
+        if state == "completed" and conversation.latest_had_failures:
+            state = "partial"
         rows.append(ConversationRow(
-            conversation=conversation, state=conversation.latest_status or "",
-            state_words=CONVERSATION_STATES.get(conversation.latest_status, "no messages yet"),
+            conversation=conversation, state=state,
+            state_words=CONVERSATION_STATES.get(state, "no messages yet"),
             last_activity=at, last_activity_words=activity_words(at, now=now),
         ))
     return rows
@@ -103,17 +111,6 @@ def open_pause(*, conversation: Conversation):
     )
 
 
-def answered_pauses(*, conversation: Conversation):
-    from orchestration.models import TurnPause
-
-    return (
-        TurnPause.objects.filter(turn__conversation=conversation)
-        .exclude(decision="")
-        .select_related("decided_by", "turn")
-        .order_by("-decided_at")[:5]
-    )
-
-
 def agent_graph(*, turn) -> tuple[list[dict], TurnSpend]:
     """The turn's dispatches as a tree: each node with its state, its children and its
     spend with theirs (what delegating it cost); and the turn's spend."""
@@ -122,16 +119,30 @@ def agent_graph(*, turn) -> tuple[list[dict], TurnSpend]:
     spend = turn_spend(turn, dispatches)
 
     progress = agent_progress(turn=turn)
+    asking = awaiting_approval(turn)
 
     def children(parent_id):
         return [
-            {"dispatch": d, "state": display_state(d), "spend": spend.agent_total(d.pk), "progress": progress.get(d.pk),
+            {"dispatch": d, "state": "awaiting_approval" if d.pk in asking else display_state(d), "spend": spend.agent_total(d.pk), "progress": progress.get(d.pk),
+             # a running agent's count is written when it stops; its events have it meanwhile
+             "skill_calls": max(d.tool_calls_used, (progress.get(d.pk) or {}).get("skill_calls", 0)),
              "children": children(d.pk)}
             for d in dispatches
             if d.parent_id == parent_id
         ]
 
     return children(None), spend
+
+
+def awaiting_approval(turn) -> set[int]:
+    """The agents whose call waits for the owner's Approve or Deny: given back to the
+    queue meanwhile, they are not "queued" to the person who holds them. Read only while
+    the turn is paused (the graph renders often while it runs)."""
+    from orchestration.models import SkillApproval, TurnStatus
+
+    if turn.status != TurnStatus.PAUSED:
+        return set()
+    return set(SkillApproval.objects.filter(dispatch__turn=turn, decision="").values_list("dispatch_id", flat=True))
 
 
 def agent_progress(*, turn) -> dict[int, dict]:
@@ -142,10 +153,11 @@ def agent_progress(*, turn) -> dict[int, dict]:
     rows = (Event.objects.filter(turn=turn, dispatch__isnull=False, type__in=(AGENT_LLM_CALL, SKILL_STARTED, SKILL_FINISHED))
             .order_by("id").values_list("dispatch_id", "type", "payload__skill", "payload__status"))
     for dispatch_id, type_, skill, status in rows:
-        agent = progress.setdefault(dispatch_id, {"steps": 0, "skill": "", "skill_status": ""})
+        agent = progress.setdefault(dispatch_id, {"steps": 0, "skill_calls": 0, "skill": "", "skill_status": ""})
         if type_ == AGENT_LLM_CALL:
             agent["steps"] += 1
         else:
+            agent["skill_calls"] += type_ == SKILL_STARTED
             agent.update(skill=skill or "", skill_status="running" if type_ == SKILL_STARTED else status or "")
     return progress
 

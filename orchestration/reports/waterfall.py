@@ -33,7 +33,9 @@ from orchestration.records.catalogue import (
     SKILL_FINISHED,
     SKILL_STARTED,
 )
-from orchestration.reports.selectors import display_state
+from orchestration.records.output import json_unwrapped
+from orchestration.reports.selectors import awaiting_approval, display_state
+from skills.executor import ErrorKind
 
 # A model call that failed and is retried: its retry's event (when the call began is not stored).
 FAILED_MODEL_CALLS = (ORCHESTRATOR_LLM_RETRY, AGENT_ATTEMPT)
@@ -53,6 +55,7 @@ class Bar:
     end: datetime
     running: bool = False
     failed: bool = False
+    declined: bool = False  # the owner said Deny: their word, not a failure
     reason: str = ""
     request: str = ""  # formatted: "key: value" lines or pretty JSON
     result: str = ""
@@ -120,6 +123,7 @@ class Waterfall:
     end: datetime
     rows: list[Row]
     failures: int
+    declined: int  # calls the owner denied
     critical_path: list[str]  # agent ids, first to last
     spend: Spend
     ticks: list[tuple[float, str]]  # (percent, label)
@@ -174,7 +178,8 @@ def _model_bar(event: Event) -> Bar:
         calls = payload.get("tool_calls") or []
         result = "\n\n".join(filter(None, [
             _text(payload.get("content")),
-            "\n".join(f"{c.get('name')}({c.get('arguments', '')})" for c in calls if isinstance(c, dict)),
+            "\n\n".join(f"{c.get('name')} {_text(json_unwrapped(c.get('arguments')))}"
+                         for c in calls if isinstance(c, dict)),
         ]))
     else:
         label = f"step {payload.get('step', '')}".strip()
@@ -227,15 +232,19 @@ def _skill_bars(events: list[Event], now: datetime, executions: dict[int, tuple]
             open_[skill].append(bar)
             bars.append(bar)
         elif event.type == SKILL_FINISHED:
+            # By its duration: a read-only call run ahead records both its events when its
+            # step is stored, after it ran (orchestration/engine/agent.py).
+            began = event.created_at - timedelta(milliseconds=payload.get("duration_ms") or 0)
             if open_[skill]:
                 bar = open_[skill].popleft()
+                bar.start = min(bar.start, began)
             else:
-                start = event.created_at - timedelta(milliseconds=payload.get("duration_ms") or 0)
-                bar = Bar(kind="skill", label=skill, start=start, end=event.created_at, event_id=event.pk)
+                bar = Bar(kind="skill", label=skill, start=began, end=event.created_at, event_id=event.pk)
                 bars.append(bar)
             bar.end, bar.running = event.created_at, False
-            bar.failed = not payload.get("ok", True)
-            bar.reason = str(payload.get("error") or "")
+            bar.declined = payload.get("error_kind") == ErrorKind.DENIED
+            bar.failed = not payload.get("ok", True) and not bar.declined
+            bar.reason = "" if bar.declined else str(payload.get("error") or "")
             status = payload.get("status", "")
             if bar.failed and payload.get("error_kind"):
                 status = f"{status} ({payload['error_kind']})"
@@ -302,13 +311,14 @@ def turn_waterfall(turn: Turn, *, now: datetime | None = None) -> Waterfall:
                        bars=_model_bars(by_dispatch[None], ORCHESTRATOR_LLM_CALL),
                        failed=turn.status == "failed", reason=turn.error)
     rows, agent_rows = [orchestrator], {}
+    asking = awaiting_approval(turn)
 
     def add(parent_id, depth):
         for d in dispatches:
             if d.parent_id != parent_id:
                 continue
             own = by_dispatch[d.pk]
-            state = display_state(d)
+            state = "awaiting_approval" if d.pk in asking else display_state(d)
             bars = _model_bars(own, AGENT_LLM_CALL)
             bars += _skill_bars([e for e in own if e.type in (SKILL_STARTED, SKILL_FINISHED)], now, executions)
             bars.sort(key=lambda b: (b.start, b.event_id))
@@ -357,5 +367,6 @@ def turn_waterfall(turn: Turn, *, now: datetime | None = None) -> Waterfall:
             row.arrows = [min(_percent(by_agent_id[a].end, start, span), row.left)
                           for a in row.after if a in by_agent_id and by_agent_id[a].end]
 
-    return Waterfall(turn=turn, start=start, end=end, rows=rows, failures=failures,
+    declined = sum(bar.declined for row in rows for bar in row.bars)
+    return Waterfall(turn=turn, start=start, end=end, rows=rows, failures=failures, declined=declined,
                      critical_path=[d.agent_id for d in path], spend=spend.total, ticks=_axis_ticks(span))

@@ -5,15 +5,23 @@ Redis: channels_redis and redis.asyncio), loading the skill registry and the eng
 modules costs about two seconds of CPU per process. Paid inside the first task,
 8 workers starting 8 agents at once on 2 cores turned a 2 s fan-out into 20 s.
 django-q2 sends `post_spawn` in every new worker process.
+
+Once every worker the cluster started has warmed up, the last one says so in one log
+line: django-q2's own "running" is logged before that, and only at Q_LOG_LEVEL=INFO,
+so `make run` showed nothing from the worker.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 
 from django.conf import settings
 
 logger = logging.getLogger(__name__)
+
+# Workers warmed up so far: made before the qcluster forks its processes, which share it.
+_warmed = multiprocessing.Value("i", 0) if settings.RUNNING_QCLUSTER else None
 
 
 def warm_up(**kwargs) -> None:
@@ -39,3 +47,18 @@ def warm_up(**kwargs) -> None:
 
         import orchestration.llm.openai_provider  # noqa: F401 - and the SDK
     logger.debug("worker warmed up")
+    _announce_ready()
+
+
+def _announce_ready() -> None:
+    """Count this worker in; the one that completes the cluster's first set logs the
+    ready line (a worker started later, to replace a recycled one, stays quiet)."""
+    if _warmed is None:
+        return
+    workers = settings.Q_CLUSTER["workers"]
+    with _warmed.get_lock():
+        _warmed.value += 1
+        last = _warmed.value == workers
+    if last:
+        logger.info("Worker ready: %d processes take tasks, up to %d agents at once.",
+                    workers, settings.ASSISTANT_AGENTS_IN_FLIGHT)

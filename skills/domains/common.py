@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from django.db import models
-from django.utils import timezone
+from django.utils import formats, timezone
 
 from skills.base import SkillError
 
@@ -70,6 +70,19 @@ def shifted(moment: dt.datetime, delta: dt.timedelta, *, what: str) -> dt.dateti
     if result is None or not EARLIEST <= result < LATEST:
         raise SkillError(f"{what} would be out of range (after year {LATEST.year - 1})")
     return result
+
+
+def when_words(value) -> str:
+    """A time a skill stored as ISO text, as a person reads it: "Fri 27 Nov 2026, 14:00",
+    in the offset it was written with (the user's zone when the skill ran: see `iso`).
+    Anything else as it is."""
+    try:
+        moment = dt.datetime.fromisoformat(str(value))
+    except ValueError:
+        return str(value)
+    if "T" not in str(value):  # a date alone
+        return formats.date_format(moment, "D j M Y")
+    return formats.date_format(moment, "D j M Y, H:i")
 
 
 def iso(value: dt.date | dt.datetime | None) -> str | None:

@@ -59,6 +59,36 @@ document.addEventListener("htmx:oobBeforeSwap", function (evt) {
   else toBottom();
 })();
 
+// The "now running" strip by the chat (templates/conversations/detail.html) repeats the
+// newest timeline row, so a running turn's latest step is in view without scrolling down to
+// the timeline; CSS shows it only while a turn is on. The conversation's title, clamped to
+// two lines, keeps its whole text in its title attribute (a push replaces the heading) and
+// shows it whole on a tap.
+(function () {
+  function refresh() {
+    var slot = document.getElementById("now-running-text");
+    var timeline = document.getElementById("timeline");
+    var row = timeline && timeline.lastElementChild;
+    var summary = row && eventId(row) && row.querySelector("summary");
+    if (slot && summary) {
+      var copy = document.createDocumentFragment();
+      summary.childNodes.forEach(function (node) { copy.appendChild(node.cloneNode(true)); });
+      slot.replaceChildren(copy);
+    }
+    var title = document.getElementById("conversation-title");
+    if (title) title.title = title.textContent.trim();
+  }
+  document.addEventListener("htmx:oobAfterSwap", refresh);
+  // The tap marks the heading's row, which pushes do not replace (a class on the heading
+  // itself would be undone by the next push and htmx's settle).
+  document.addEventListener("click", function (evt) {
+    var title = evt.target.closest && evt.target.closest("#conversation-title");
+    if (title && title.parentElement) title.parentElement.classList.toggle("title-expanded");
+  });
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", refresh);
+  else refresh();
+})();
+
 // After an htmx post the composer is replaced; give the new textarea the focus back.
 document.addEventListener("htmx:afterSettle", function () {
   var box = document.querySelector("#composer textarea:not([disabled])");

@@ -19,6 +19,7 @@ from orchestration.models import SkillApproval, SkillExecution
 from skills.domains.email.models import OutboxEmail
 from skills.models import EgressAllow, SkillRule
 from tests.browser.conftest import assert_timeline_complete, wait_turn
+from tests.browser.test_dashboard import node
 from tests.conftest import APPROVALS_ON_ENV
 from tests.support.llm_server import COURIER, Agent, Obedient, Plan
 
@@ -66,7 +67,7 @@ def test_the_question_shows_the_email_and_approve_sends_it_once(servers, visit, 
     expect(page.locator("#messages .message.assistant", has_text="I emailed Bob.")).to_be_visible()
     expect(page.locator("#messages")).to_contain_text("sent email “Launch notes” to bob@example.com")
     expect(page.locator(".pause.approval")).to_have_count(0)
-    expect(page.locator(".answered")).to_contain_text("alice approved it")
+    expect(page.locator("#messages .notice", has_text="approval of email.send")).to_contain_text("alice approved it.")
     turn = wait_turn(conversation_id, site)
     assert turn.status == "completed", turn.error
     assert OutboxEmail.objects.count() == 1
@@ -99,12 +100,21 @@ def test_planted_text_is_flagged_and_deny_lets_the_turn_go_on(servers, visit, al
         expect(prompt.locator(".approval-call")).to_contain_text("drop@evil.test")
         expect(prompt.locator(".approval-outside")).to_contain_text("reached this call: file notes.txt")
         expect(page.locator("#always-button")).to_have_count(0)  # no rule for what the file chose
+        # the agent the question holds waits for the owner, on the graph and the waterfall
+        expect(node(page, agent_id).locator(".state")).to_have_text("waiting for your approval")
+        expect(page.locator(f'#live-waterfall .wf-row[data-agent="{agent_id}"] .state')).to_have_text(
+            "waiting for your approval")
         if agent_id == "reader":
             tab.screenshot(request.node, "flagged", ".pause.approval")
         answer(page, "#deny-button")
 
     expect(page.locator("#messages .message.assistant", has_text="I sent nothing.")).to_be_visible()
     expect(page.locator(".pause.approval")).to_have_count(0)
+    # a denial is the owner's word, not a failure: in the waterfall and the chat alike
+    expect(page.locator("#live-waterfall .wf-declined")).to_have_text("2 declined by you")
+    expect(page.locator("#live-waterfall .wf-failures")).to_have_count(0)
+    expect(page.locator("#messages")).to_contain_text("You declined email.send, so it was not done.")
+    expect(page.locator("#messages")).not_to_contain_text("failed")
     turn = wait_turn(conversation_id, site)
     assert turn.status == "completed", turn.error
     assert OutboxEmail.objects.count() == 0

@@ -118,12 +118,12 @@ def test_a_tripped_limit_asks_and_continue_finishes_the_turn(servers, visit, ali
 
     prompt = page.locator("#pause-prompt .pause")
     expect(prompt).to_contain_text("Continue?")
-    expect(prompt).to_contain_text("This turn has made 2 tool calls, the most one turn may make.")
+    expect(prompt).to_contain_text("This turn has made 2 skill calls, the most one turn may make.")
     expect(prompt).to_contain_text("Waiting to start: maker")
-    expect(prompt).to_contain_text("Continue allows 2 more tool calls for this turn.")
+    expect(prompt).to_contain_text("Continue allows 2 more skill calls for this turn.")
     # One prompt per pause, in words: the chat keeps a one-line record, no second question.
     expect(page.locator(".pause")).to_have_count(1)
-    expect(page.locator("#messages .notice")).to_contain_text("Turn 1 paused. This turn has made 2 tool calls")
+    expect(page.locator("#messages .notice")).to_contain_text("Turn 1 paused on skill calls per turn: waiting for your answer")
     expect(page.locator("#messages")).not_to_contain_text("continue", ignore_case=True)
     expect(page.locator(".chat")).not_to_contain_text("turn_max_skill_calls")
     # The first request named the conversation, and the heading shows it without a reload.
@@ -143,7 +143,8 @@ def test_a_tripped_limit_asks_and_continue_finishes_the_turn(servers, visit, ali
 
     expect(page.locator("#messages .message.assistant", has_text="Created three tasks.")).to_be_visible()
     expect(page.locator("#pause-prompt .pause")).to_have_count(0)
-    expect(page.locator("#pause-prompt .answered")).to_contain_text("alice continued it")
+    expect(page.locator("#messages .notice .content", has_text="Turn 1 paused")).to_have_text(
+        "Turn 1 paused on skill calls per turn: alice continued it.")
     turn = wait_turn(conversation_id, site)
     assert turn.status == "completed", turn.error
     assert turn.continuations == 1

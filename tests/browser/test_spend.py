@@ -44,4 +44,5 @@ def test_a_spent_allowance_pauses_and_continue_waits_for_more(servers, visit, al
     expect(page.locator("#messages .message.assistant", has_text="No open tasks.")).to_be_visible()
     turn = wait_turn(conversation_id, site)
     assert turn.status == "completed", turn.error
-    expect(page.locator("#pause-prompt .answered")).to_contain_text("your daily token allowance: alice continued it")
+    expect(page.locator("#messages .notice", has_text="Turn 1 paused")).to_contain_text(
+        "your daily token allowance: alice continued it.")

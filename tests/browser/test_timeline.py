@@ -112,3 +112,21 @@ def test_stop_at_the_continue_prompt_logs_no_error(servers, visit, alice, llm):
     alice_tab.wait_connected()
     assert_timeline_complete(alice_tab, conversation_id)
     assert alice_tab.console_errors == [] and alice_tab.failed_requests == []
+
+
+def test_a_stop_pressed_as_the_turn_ends_says_so_without_an_error(servers, visit, alice):
+    """The turn ended, and the push that says so has not reached the page yet (here:
+    it never does, the status changed under it): the Stop is answered with a notice,
+    not a 409 (a console error) into a composer about to be replaced."""
+    alice_tab = visit(servers(workers=0), "alice")
+    conversation_id = alice_tab.new_conversation()
+    page = alice_tab.page
+    turn = turn_for(Conversation.objects.get(pk=conversation_id), status=TurnStatus.RUNNING)
+    page.reload()
+    alice_tab.wait_connected()
+    expect(page.locator("#stop-turn-button")).to_be_visible()
+    type(turn).objects.filter(pk=turn.pk).update(status=TurnStatus.COMPLETED)  # no event: no push
+    with page.expect_response(lambda r: r.url.endswith("/stop/")) as stopped:
+        page.click("#stop-turn-button")
+    assert stopped.value.status == 200
+    expect(page.locator("#page-notice")).to_have_text("The turn had already been answered before the Stop reached it.")

@@ -39,5 +39,9 @@ def test_bench_measures_a_workload(tmp_path, capsys):
     # Flat in the number of agents; within a few tenths, since the provider limiter reads
     # an unmetered model's row at most every 0.1 s per process (a count that depends on time).
     assert list(per_step) == ["2", "4", "8"] and max(per_step.values()) - min(per_step.values()) <= 0.5, per_step
+    assert set(report["statements_per_steady_step"].values()) == {4.0}, report  # as the budget test holds
+    if report["setup"].startswith("PostgreSQL"):  # the durable peer, on the same model server
+        (peer,) = report["peer"]
+        assert (peer["workload"], peer["llm_requests"]) == ("diamond", 16) and peer["ratio"] >= 1, peer
     table = capsys.readouterr().out
     assert "diamond" in table and "dependency → dependent" in table

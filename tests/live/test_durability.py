@@ -157,7 +157,8 @@ def test_the_token_budget_holds_across_a_retry_and_a_redelivery(llm, qcluster, a
 
     kill_worker_asking(llm, cluster, asked, caller)
     reader = AgentDispatch.objects.get(turn=turn, agent_id="reader")
-    assert (reader.state, reader.retries, reader.llm_calls) == ("running", 1, 2)
+    assert (reader.state, reader.retries) == ("running", 1)
+    assert LLMCall.objects.filter(dispatch=reader).count() == 2  # stored; its row's counts come at its end
     redeliver(reader)
     wait_turn_reaping(turn, cluster)
 

@@ -31,6 +31,7 @@ from django_q.tasks import async_task
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Event, Message, SkillExecution, Turn
 from orchestration.lifecycle.reaper import reap_expired
 from orchestration.lifecycle.turns import turn_start
+from orchestration.reports.errors import failure_of
 from skills.domains.email.models import OutboxEmail
 from tests.checks import assert_ended_turns_closed
 from tests.factories import conversation_for
@@ -69,7 +70,9 @@ def assert_settled(turn: Turn, mail_dir: Path | None = None) -> None:
     assert turn.status in ("completed", "failed"), (turn.status, turn.error)
     if turn.status == "failed":
         notices = Message.objects.filter(turn=turn, role=Message.Role.NOTICE).values_list("content", flat=True)
-        assert turn.error and any(turn.error in notice for notice in notices), (turn.error, list(notices))
+        # the error in words in the chat (its technical text stays in the turn and the audit)
+        words = failure_of(turn.error).words
+        assert turn.error and any(words in notice for notice in notices), (turn.error, list(notices))
     running = list(AgentDispatch.objects.filter(turn=turn, state=DispatchState.RUNNING).values_list("agent_id", flat=True))
     assert running == [], f"dispatches left running: {running}"
     assert_ended_turns_closed()

@@ -35,7 +35,7 @@ PROJECTS = ("cluster-a", "cluster-b")
 # The limiter's concurrency cap for the endpoint, as the limiter's settings are to name it.
 CONCURRENCY_ONE = {"ASSISTANT_PROVIDER_CONCURRENCY": "1"}
 CALL_SECONDS = 6  # ASSISTANT_LLM_TIMEOUT_SECONDS: how long a reserved slot may be held (no SDK retries)
-GRACE_SECONDS = 4.0
+GRACE_SECONDS = 8.0  # the other cluster's next look, and its step to the request, on a busy CI machine (4 s failed)
 
 
 def fan_out(agents: int, calls: int = 1) -> Plan:
@@ -105,13 +105,15 @@ def test_two_qclusters_share_one_limit_a_burst_finishes_without_failures_or_429s
 def test_a_429_with_retry_after_seen_by_one_worker_holds_every_worker(llm, qcluster, alice, bob):
     """Mid-burst, once both clusters have sent agents' requests, the server answers one
     request 429 with `Retry-After: 3`. From the moment that answer is sent (allowing
-    RACE seconds for the word to reach the other workers) until 3 s after, no request
-    arrives from either cluster; then both go on, and no agent fails. No limit is
-    configured: the provider's word alone holds the model.
+    RACE seconds for the word to reach the other workers: a request admitted before the
+    hold was recorded is already on its way, and on a busy CI machine it has been seen to
+    arrive 0.3 s after) until 3 s after, no request arrives from either cluster; then both
+    go on, and no agent fails. No limit is configured: the provider's word alone holds
+    the model.
 
     On an engine without a shared limiter: the other workers (and the one that got it,
     after its 0.1 s backoff) keep calling within the 3 s."""
-    retry_after, race = 3.0, 0.25
+    retry_after, race = 3.0, 0.6
     plan, lock = fan_out(4, calls=3), threading.Lock()
     refused: dict = {}
 

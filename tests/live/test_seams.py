@@ -104,6 +104,7 @@ QUICK = "A quick question"
 
 
 @pytest.mark.postgres  # eight writers at once: SQLite has one
+@pytest.mark.serial  # it times one worker process to a few tenths of a second: not beside another test's load
 def test_slow_skills_do_not_delay_another_agent(llm, qcluster, bob, tmp_path):
     """Eight users' agents are each inside a slow email.send (SLOW_SECONDS) on the one
     worker process; then bob's turn starts, whose agent only talks to the model. Its

@@ -42,7 +42,7 @@ def inline_tasks(monkeypatch):
 
 
 @pytest.fixture
-def run_turn(transactional_db, inline_tasks, alice):
+def run_turn(transactional_db, inline_tasks, alice, request):
     """Send `text` as alice in a new conversation; tasks run inline, so it returns done."""
 
     def run(text: str = "Please help", *, user=None) -> Turn:
@@ -53,6 +53,20 @@ def run_turn(transactional_db, inline_tasks, alice):
 
     yield run
     assert_ended_turns_closed()
+    marker = request.node.get_closest_marker("replayed")
+    if marker is not None and not marker.kwargs.get("skip"):
+        replayed_without_divergence()
+
+
+def replayed_without_divergence() -> None:
+    """Every answered turn of the test, run again through the engine from its records
+    (orchestration/replay/): the engine still takes the same decisions on it."""
+    from orchestration.replay.replaying import replay
+
+    for turn in Turn.objects.filter(status="completed", forked_from=None).exclude(
+            conversation__title__startswith="Replay of").select_related("conversation__owner"):
+        result = replay(turn)
+        assert result.divergences == [], f"turn {turn.pk} replayed with divergences: {result.divergences}"
 
 
 @pytest.fixture

@@ -62,9 +62,14 @@ def test_stop_mid_turn_cancels_running_and_pending_agents(llm, run_turn, alice):
         assert pending.started_at is None
         assert [e.type for e in Event.objects.filter(dispatch=pending, type__startswith="agent.subagent_")] == [
             "agent.subagent_created", "agent.subagent_closed"]
-    # nothing ran for the turn after the stop: no LLM call (orchestrator or agent), no event
+    # nothing ran for the turn after the stop: no LLM call (orchestrator or agent); the
+    # one event is the answer the worker was waiting for: paid for, in the audit, so in
+    # the timeline too, where the page's counters follow it to the audit's figures
     assert len(llm.requests) == at_stop["requests"]
-    assert not Event.objects.filter(turn=turn, pk__gt=at_stop["event_id"]).exists()
+    late = Event.objects.filter(turn=turn, pk__gt=at_stop["event_id"])
+    assert [(e.type, e.dispatch_id, e.summary) for e in late] == [
+        ("agent.llm_call", worker.pk, "worker step 2: answered too late to act on")]
+    assert late[0].payload["usage"]["prompt_tokens"] == LLMCall.objects.get(dispatch=worker, key__endswith=":s1").prompt_tokens
     assert LLMCall.objects.filter(turn=turn, dispatch=None).count() == turn.llm_iterations == 2
     closed = Event.objects.get(dispatch=worker, type="agent.subagent_closed")
     assert closed.payload["close_reason"] == "cancelled" and closed.payload["final_status"] == "failed"
@@ -131,3 +136,16 @@ def test_stop_between_parallel_skill_calls_runs_none_of_the_rest(llm, run_turn, 
     mailer = AgentDispatch.objects.get(agent_id="mailer")
     assert (mailer.state, mailer.outcome) == ("closed", "cancelled")
     assert SkillExecution.objects.filter(dispatch=mailer).count() == 1
+
+
+def test_a_stop_during_the_streamed_answer_keeps_what_had_streamed(alice):
+    from tests.factories import conversation_for, dispatch_for, turn_for
+
+    turn = turn_for(conversation_for(alice), answer_draft="Your files: **report.txt**, notes.md and")
+    dispatch_for(turn, "list-files", state="closed", outcome="completed")
+    turn_stop(turn=turn, user=alice)
+    notice = turn.messages.get(role="notice").content
+    assert notice.startswith("Stopped at your request. Completed: list-files.")
+    assert notice.endswith("The answer so far:\n\nYour files: **report.txt**, notes.md and")
+    turn.refresh_from_db()
+    assert turn.answer_draft == ""

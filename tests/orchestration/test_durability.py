@@ -28,7 +28,7 @@ from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
 from tests.support.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text, with_burst
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.replayed]
 
 SEARCH = ("tasks.search", {"status": "open"})
 EMAIL = ("email.send", {"to": ["bob@example.com"], "subject": "Report", "body": "Hello Bob"})

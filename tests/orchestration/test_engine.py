@@ -11,7 +11,7 @@ from orchestration.models import AgentDispatch, Event, LLMCall, Message, SkillEx
 from skills.domains.tasks.models import Task
 from tests.support.llm_server import Agent, Plan, Reply, agent_of, calls, http_error, text
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.replayed]
 
 SEARCH = ("tasks.search", {"status": "open"})
 

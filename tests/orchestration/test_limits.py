@@ -14,7 +14,7 @@ from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
 from tests.support.llm_server import Agent, Plan, calls, text
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.replayed]
 
 
 @pytest.fixture
@@ -54,16 +54,16 @@ class TestTurnSkillCallLimit:
         types = list(Event.objects.filter(turn=paused).values_list("type", flat=True))
         assert "limit.tripped" in types and types[-1] == "turn.paused"
         # The chat keeps a one-line record; the question is the prompt panel's (one per pause).
-        assert answer(paused) == "Turn 1 paused. This turn has made 2 tool calls, the most one turn may make."
+        assert answer(paused) == "Turn 1 paused on skill calls per turn: waiting for your answer below."
 
     def test_the_question_reads_in_words(self, paused):
         words = pause_words_of(TurnPause.objects.get(turn=paused))
-        assert words.label == "tool calls per turn"
+        assert words.label == "skill calls per turn"
         assert words.done == [] and words.waiting == ["maker"]
-        assert words.grant == "Continue allows 2 more tool calls for this turn."  # one default's worth
+        assert words.grant == "Continue allows 2 more skill calls for this turn."  # one default's worth
         question = pause_question("turn_max_skill_calls", TurnPause.objects.get(turn=paused).detail)
         assert "turn_max_skill_calls" not in question
-        assert "- Waiting to start: maker" in question and "Continue allows 2 more tool calls" in question
+        assert "- Waiting to start: maker" in question and "Continue allows 2 more skill calls" in question
 
     def test_continue_resumes_where_it_stopped(self, paused, alice):
         turn_continue(turn=paused, user=alice)
@@ -163,7 +163,7 @@ def test_conversation_window_trips_across_turns(llm, limits, transactional_db, i
     pause = TurnPause.objects.get(turn=second)
     assert pause.limit == "conversation_max_skill_calls"
     assert pause.detail["resumes_at"]
-    assert pause_words_of(pause).reached.startswith("This conversation has made 2 tool calls in the last ")
+    assert pause_words_of(pause).reached.startswith("This conversation has made 2 skill calls in the last ")
     assert pause_words_of(pause).frees_at and "window frees up" in pause_question(pause.limit, pause.detail)
     turn_continue(turn=second, user=alice)
     second.refresh_from_db()

@@ -13,7 +13,7 @@ from skills.domains.tasks.models import Task
 from tests.factories import conversation_for
 from tests.support.llm_server import Reply, agent_of, calls, text
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.replayed]
 
 
 @pytest.fixture(autouse=True)

@@ -131,7 +131,7 @@ class TestAllowanceSpent:
         assert words.grant == CAP_GRANT and words.frees_at == ""
         assert "Continue cannot pass this cap" in pause_question(pause.limit, pause.detail)
         notice = paused.messages.filter(role="notice").last().content
-        assert notice.startswith("Turn 1 paused. You have used 99,500 tokens")
+        assert notice == "Turn 1 paused on your daily token allowance: waiting for your answer below."
 
     def test_continue_is_refused_while_the_allowance_is_spent(self, paused, alice):
         with pytest.raises(TurnRefused, match=r"Your daily allowance is still spent: 500 tokens of your 100,000 "

@@ -15,25 +15,26 @@ SEED = "find my overdue tasks, email them to bob@example.com and book a review m
 
 @pytest.mark.parametrize(("text", "title"), [
     ("add a task: renew passport", "add a task: renew passport"),
-    (SEED, "find my overdue tasks, email them to…"),  # cut at a word, one line on a phone
+    (SEED, SEED),  # whole: five requests that begin alike are told apart (the list ends a line in …)
+    (SEED + " and then " + SEED, SEED + " and then find my overdue…"),  # cut at a word
     ("\n\n  what do you\tremember   about wifi  \nand more lines", "what do you remember about wifi"),
-    ("x" * 80, "x" * 48 + "…"),  # no word to cut at
+    ("x" * 150, "x" * 120 + "…"),  # no word to cut at
 ])
 def test_the_title_is_the_first_line_short_and_clean(text, title):
     assert conversation_title(text) == title
-    assert len(conversation_title(text)) <= 49
+    assert len(conversation_title(text)) <= 121
 
 
 def test_the_first_request_names_the_conversation_and_the_next_does_not(alice):
     conversation = conversation_for(alice, title="")
     turn = turn_start(conversation=conversation, text=SEED)
     conversation.refresh_from_db()
-    assert conversation.title == "find my overdue tasks, email them to…"
+    assert conversation.title == SEED
     turn.status = "completed"
     turn.save()
     turn_start(conversation=conversation, text="add a task: renew passport")
     conversation.refresh_from_db()
-    assert conversation.title == "find my overdue tasks, email them to…"
+    assert conversation.title == SEED
 
 
 # --- the engine's own account of what did not go as asked (issue 16) -------------------------

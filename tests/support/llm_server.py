@@ -351,15 +351,27 @@ class ScriptedLLM:
                         scripted.timeline.append((index, arrived, now))
                         scripted.answers.append(Answer(index, arrived, now, status, key, project, tokens, refused))
 
-                if refusal is not None:  # refused before the model runs, at once
+                released = []
+
+                def release() -> None:
+                    """The request leaves the admitted ones once its answer is whole, before
+                    its last bytes go out: a client that asks again the moment it has them
+                    does not find it still counted (as a provider frees the slot)."""
+                    with scripted._lock:
+                        if not released:
+                            released.append(True)
+                            scripted.admitted -= 1
+
+                if refusal is not None:  # refused before the model runs (never admitted), at once
+                    self._release = lambda: None
                     self._send(replace(refusal, headers={**limit_headers, **refusal.headers}), request,
                                lambda: answered(429, refused))
                     return
+                self._release = release
                 try:
                     self._answer(request, limit_headers, answered)
                 finally:
-                    with scripted._lock:
-                        scripted.admitted -= 1
+                    release()
 
             def _answer(self, request: dict, limit_headers: dict, answered: Callable[..., None]):
                 try:
@@ -399,6 +411,7 @@ class ScriptedLLM:
                     self.send_header(key, value)
                 self.end_headers()
                 answered()
+                self._release()
                 self.wfile.write(data)
 
             def _stream(self, request: dict, reply: Reply):
@@ -415,6 +428,7 @@ class ScriptedLLM:
                         elif number and scripted.chunk_interval:
                             time.sleep(scripted.chunk_interval)
                         self._write_chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self._release()
                     self._write_chunk(b"data: [DONE]\n\n")
                     self._write_chunk(b"")
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up
@@ -778,3 +792,29 @@ class Relay:
             self.carried.add(call_id)
         skill, arguments = RELAY_ACTIONS[action](carry, self)
         return Reply(tool_calls=[(call_id, "use_skill", json.dumps({"skill": skill, "arguments": arguments}))])
+
+
+class Recorded:
+    """The model of a stored turn, from its recording (`manage.py replay TURN --as-fixture
+    PATH`): each request gets the answer the turn got at that role and step, so a turn seen
+    in production runs again here, against the real engine and skills, as a regression
+    test. `.text` is the user's message, `.limits` the limits it started with; `.missed`
+    names the requests the recording holds no answer for (the engine went elsewhere)."""
+
+    def __init__(self, source):
+        from orchestration.replay.recording import Recording
+
+        data = source if isinstance(source, dict) else json.loads(open(source, encoding="utf-8").read())
+        self.recording = Recording.from_json(data)
+        self.text, self.limits = self.recording.text, self.recording.limits
+        self.missed: list[str] = []
+
+    def __call__(self, request: dict) -> Reply:
+        from orchestration.replay.recording import NO_ANSWER, answer_for
+
+        who, step, answer = answer_for(self.recording, request["messages"], request.get("tools", []))
+        if answer is None:
+            self.missed.append(f"{who}, answer {step + 1}")
+            return text(NO_ANSWER)
+        return Reply(content=answer.get("content") or "", finish_reason=answer.get("finish_reason") or "stop",
+                     tool_calls=[(c["id"], c["name"], c["arguments"]) for c in answer.get("tool_calls") or []])

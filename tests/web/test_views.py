@@ -76,6 +76,26 @@ def test_stop_a_running_turn(alice_client, conversation):
     assert turn.messages.filter(content__startswith="Stopped at your request").exists()
 
 
+@pytest.mark.parametrize("status, words", [("completed", "been answered"), ("failed", "failed"),
+                                           ("stopped", "been stopped")])
+def test_a_stop_that_arrives_after_the_turn_ended_is_news_not_an_error(alice_client, conversation, status, words):
+    """Pressed as the turn ends: a 200 into the page's notice slot, which pushes do not
+    replace (a 409 was a console error, and its message went into the composer the push
+    that ended the turn was replacing)."""
+    turn = turn_for(conversation, status=status)
+    url = reverse("turn_stop", args=[conversation.pk, turn.pk])
+    response = htmx_post(alice_client, url)
+    assert response.status_code == 200
+    assert response["HX-Retarget"] == "#page-notice-slot"
+    assert f"The turn had already {words} before the Stop reached it." in response.content.decode()
+    page = alice_client.get(reverse("conversation_detail", args=[conversation.pk])).content.decode()
+    assert 'id="page-notice-slot"' in page
+    plain = alice_client.post(url, follow=True)  # without htmx: the page, with the notice
+    assert plain.status_code == 200 and f"already {words}" in plain.content.decode()
+    turn.refresh_from_db()
+    assert turn.status == status and not turn.messages.exists()
+
+
 def test_continue_without_a_pause_says_so(alice_client, conversation):
     turn = turn_for(conversation)
     response = htmx_post(alice_client, reverse("turn_continue", args=[conversation.pk, turn.pk]))
@@ -122,3 +142,21 @@ def test_staff_can_read_any_audit_trail_and_admin_links_to_it(client, staff, con
     assert reverse("conversation_audit", args=[conversation.pk]) in admin_page.content.decode()
     # reading the trail does not open the conversation itself
     assert client.get(conversation.get_absolute_url()).status_code == 404
+
+
+def test_the_audit_counts_in_words_that_agree_with_the_number(alice_client, conversation):
+    turn_for(conversation, agents_dispatched=1, skill_calls=1, status="completed")
+    turn_for(conversation, agents_dispatched=2, skill_calls=3, status="completed")
+    page = alice_client.get(reverse("conversation_audit", args=[conversation.pk])).content.decode()
+    assert "1 agent · 1 skill call ·" in page and "2 agents · 3 skill calls ·" in page
+
+
+def test_an_agent_that_never_ran_shows_no_duration_in_the_audit(alice_client, conversation):
+    from tests.factories import dispatch_for
+
+    turn = turn_for(conversation, status="stopped")
+    dispatch_for(turn, "never-ran", state="closed", outcome="cancelled", duration_ms=None)
+    dispatch_for(turn, "ran", state="closed", outcome="completed", duration_ms=4200)
+    page = alice_client.get(reverse("conversation_audit", args=[conversation.pk])).content.decode()
+    assert "- ms" not in page and "None ms" not in page
+    assert "skill calls used · 4.2 s ·" in page

@@ -12,7 +12,7 @@ from django.utils import timezone
 from skills.base import Domain, Skill, SkillError
 from skills.domains import schema
 from skills.domains.calendar.models import TITLE_MAX, CalendarEvent
-from skills.domains.common import iso, owned, parse_datetime, shifted
+from skills.domains.common import iso, owned, parse_datetime, shifted, when_words
 from skills.provenance import provenance_data, provenance_stamp, rows_outside
 from skills.quotas import rows_reserve
 
@@ -142,7 +142,8 @@ DOMAIN = Domain(
             ),
             handler=event_create,
             outside=_outside,
-            effect=lambda arguments, result: f"created event “{result['event']['title']}” at {result['event']['start']}",
+            effect=lambda arguments, result: (
+                f"created event “{result['event']['title']}” for {when_words(result['event']['start'])}"),
         ),
         Skill(
             name="calendar.cancel_event",

@@ -1,0 +1,96 @@
+"""Fork: a stored turn's run taken again up to one model answer, changed there, then live.
+
+`fork(turn, at="orchestrator:2", response={...})` starts a new turn, in a conversation of
+its own, with the stored turn's message and limits. Every request is answered from the
+recording until the one named by `at` (a role — the orchestrator or an agent id — and
+its 1-based answer number), which gets `response` instead (an LLMResponse as JSON:
+"content", "tool_calls" of {"id", "name", "arguments"}); from then on the model is asked
+for real, and skills run for real. Before the fork, a skill call the stored turn made
+gets its stored result (nothing is done twice). The new turn keeps its origin
+(Turn.forked_from, forked_at), which its audit shows. It runs inline, in this process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestration.llm import LLMResponse, get_provider
+from orchestration.models import Conversation, Turn
+from orchestration.replay.inline import engine_with
+from orchestration.replay.recording import answer_for, recorded_results, recording_of
+
+
+class ForkPointUnknown(ValueError):
+    pass
+
+
+def fork_point(at: str, turn: Turn) -> tuple[str, int]:
+    """("the orchestrator" | "agent X", the 0-based answer) from "orchestrator:2" / "X:1"."""
+    role, _, number = at.rpartition(":")
+    if not role or not number.isdigit() or int(number) < 1:
+        raise ForkPointUnknown(f"{at!r}: name a role and an answer, e.g. orchestrator:2 or finder:1")
+    recording = recording_of(turn)
+    answers = recording.orchestrator if role == "orchestrator" else recording.agents.get(role)
+    if answers is None:
+        raise ForkPointUnknown(f"turn {turn.pk} has no agent {role!r}; its agents: "
+                               f"{', '.join(sorted(recording.agents)) or 'none'}")
+    if int(number) > len(answers):
+        raise ForkPointUnknown(f"{role} has {len(answers)} stored answers in turn {turn.pk}, not {number}")
+    return ("the orchestrator" if role == "orchestrator" else f"agent {role}"), int(number) - 1
+
+
+class _ForkModel:
+    def __init__(self, recording, point: tuple[str, int], response: dict):
+        self.recording, self.point, self.response = recording, point, response
+        self.forked = False
+        self.live = get_provider()
+
+    async def acomplete(self, **kwargs) -> LLMResponse:
+        if not self.forked:
+            who, step, answer = answer_for(self.recording, kwargs["messages"], kwargs["tools"])
+            if (who, step) == self.point:
+                self.forked = True
+                return LLMResponse.from_json(self.response)
+            if answer is not None:
+                return LLMResponse.from_json(answer)
+        return await self.live.acomplete(**kwargs)
+
+
+def _skills_until_fork(model: _ForkModel, results: dict, real_get_skill):
+    from skills.context import running_call
+
+    def get_skill(name, user=None):
+        skill = real_get_skill(name, user)
+        live = skill.handler
+
+        def handler(user_, /, **arguments) -> dict:
+            row = running_call.get().row
+            stored = results.get((row.dispatch.agent_id, row.tool_call_id))
+            if not model.forked and stored is not None and stored.status == "completed" \
+                    and (stored.skill, stored.arguments) == (name, arguments):
+                return stored.result
+            return live(user_, **arguments)
+
+        return replace(skill, handler=handler)
+
+    return get_skill
+
+
+def fork(turn: Turn, *, at: str, response: dict) -> Turn:
+    """The new turn, run from the stored one's answers to `at`, `response` there, then live."""
+    from orchestration.lifecycle.turns import turn_start
+
+    point = fork_point(at, turn)
+    LLMResponse.from_json(response)  # refused here if it is not a model answer
+    recording = recording_of(turn)
+    conversation = Conversation.objects.create(owner=turn.conversation.owner,
+                                               title=f"Fork of turn {turn.pk} at {at}"[:200])
+    model = _ForkModel(recording, point, response)
+    from skills import registry
+
+    skills = _skills_until_fork(model, recorded_results(turn.pk), registry.get_skill)
+    with engine_with(model, skills, recording.limits):
+        new = turn_start(conversation=conversation, text=recording.text)
+    Turn.objects.filter(pk=new.pk).update(forked_from=turn, forked_at=at)
+    new.refresh_from_db()
+    return new
