@@ -36,6 +36,12 @@ def is_transient(exc: BaseException) -> bool:
     return True  # no SQLSTATE: the connection itself failed (closed, refused, lost)
 
 
+def rolled_back_by_server(exc: BaseException) -> bool:
+    """A deadlock or serialization failure: the server rolled the transaction back, and
+    the same transaction begun again (from a savepoint too) can succeed."""
+    return isinstance(exc, OperationalError) and (getattr(exc.__cause__, "sqlstate", None) or "")[:2] == "40"
+
+
 def fresh_connection() -> None:
     """Drop this thread's connection if an error left it unusable; the next query opens
     a new one (what Django does between requests)."""

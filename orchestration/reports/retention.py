@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -30,11 +31,12 @@ from functools import partial
 from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
 from orchestration.budgets.usage import turn_spend
+from orchestration.delivery.dbretry import rolled_back_by_server
 from orchestration.models import (
     ACTIVE_TURN_STATUSES,
     AgentDispatch,
@@ -54,6 +56,7 @@ from skills.domains.files.workspace import workspace_root
 logger = logging.getLogger(__name__)
 
 FINISHED_TURN_STATUSES = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED)
+DELETION_ATTEMPTS = 5  # a deletion rolled back as a deadlock with a running turn's step
 
 
 class DeletionRefused(Exception):
@@ -232,14 +235,31 @@ def conversation_delete(*, conversation: Conversation, user) -> dict[str, int]:
     return removed
 
 
-@transaction.atomic
 def user_delete(*, user) -> dict[str, int]:
     """A superuser deletes a user and everything of theirs: conversations with all they
     hold, skill records (tasks, calendar, outbox, memories), rules, allow lists,
     preferences, and, once the deletion commits, their workspace directory.
 
     Their turns still running are not waited for: a worker that next touches one finds
-    its rows gone and lets it go (a lost lease)."""
+    its rows gone and lets it go (a lost lease). Such a worker may hold its turn's row
+    while it waits for one the deletion has locked (an event it inserts points at the
+    conversation): no lock order serves every path of the engine, so PostgreSQL rolls
+    one of the two back as a deadlock, and when that is the deletion it runs again, from
+    its savepoint, once the worker's step has committed."""
+    attempt = 1
+    while True:
+        try:
+            with transaction.atomic():
+                return _user_delete(user)
+        except OperationalError as exc:
+            if attempt == DELETION_ATTEMPTS or not rolled_back_by_server(exc):
+                raise
+            logger.info("Deleting user %s met a running turn (%s); trying again", user.pk, exc.__cause__)
+            time.sleep(0.1 * attempt)
+            attempt += 1
+
+
+def _user_delete(user) -> dict[str, int]:
     workspace, user_id = workspace_root(user), user.pk
     with retention_deleting():
         _hold_still(user)

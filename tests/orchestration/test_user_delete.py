@@ -187,3 +187,61 @@ def test_a_worker_committing_mid_deletion_cannot_break_it(alice, monkeypatch):
     assert "error" not in outcome, outcome["error"]
     assert outcome["worker"] == "IntegrityError"
     assert not Message.objects.exists() and not Turn.objects.exists()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="SQLite runs one writer at a time: no deadlock")
+def test_a_deletion_that_deadlocks_with_a_running_step_runs_again(alice):
+    """A worker holds alice's turn (the schedule's lock) and commits an event, whose
+    foreign keys wait for the conversation the deletion has locked, while the deletion
+    waits for the turn: PostgreSQL rolls the deletion back as a deadlock (it waited
+    first, so its check runs first), and it runs again once the worker has committed,
+    leaving nothing of hers."""
+    from orchestration.lifecycle.dispatches import lock_turn
+    from orchestration.reports.retention import user_delete
+
+    turn = turn_for(conversation_for(alice))
+    holding, deletion_waits, outcome = threading.Event(), threading.Event(), {}
+
+    def worker():
+        try:
+            with transaction.atomic():
+                lock_turn(turn.pk)
+                holding.set()
+                assert deletion_waits.wait(10)
+                Event.objects.create(conversation=turn.conversation, turn=turn, type="agent.progress", summary="late")
+            outcome["worker"] = "committed"
+        except Exception as exc:  # noqa: BLE001 - reported below
+            outcome["worker"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            connection.close()
+
+    def superuser():
+        try:
+            outcome["deleted"] = user_delete(user=alice)
+        except Exception as exc:  # noqa: BLE001 - reported below, in the test's thread
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    def someone_waits_on_a_lock() -> bool:
+        # From this thread's own connection, out of any transaction: a transaction sees
+        # the activity view as it was when it first read it.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND wait_event_type = 'Lock'")
+            return cursor.fetchone()[0] > 0
+
+    worker_thread, superuser_thread = threading.Thread(target=worker), threading.Thread(target=superuser)
+    worker_thread.start()
+    assert holding.wait(10)
+    superuser_thread.start()
+    for _ in range(500):
+        if someone_waits_on_a_lock():
+            deletion_waits.set()
+            break
+        threading.Event().wait(0.01)
+    for thread in (worker_thread, superuser_thread):
+        thread.join(30)
+    assert "error" not in outcome, outcome["error"]
+    assert outcome["worker"] == "committed"
+    assert not Event.objects.exists() and not Turn.objects.exists() and not Conversation.objects.exists()
