@@ -27,6 +27,28 @@ document.addEventListener("htmx:oobBeforeSwap", function (evt) {
   if (empty && target.closest && target.closest("#timeline")) empty.remove();
 });
 
+// A push computed while the turn ran can arrive after a reply to the page (a Stop, a
+// Continue) replaced the panel that held the answer draft: a draft with no placeholder
+// to fill is stale, and htmx would log it as an error (htmx:oobErrorNoTarget). The
+// socket's element uses this extension (templates/conversations/detail.html); htmx
+// hands it that element's pushes, and the replies to the requests of elements inside it.
+if (window.htmx) {
+  htmx.defineExtension("live-push", {
+    transformResponse: function (text, xhr, elt) {
+      if (xhr || !elt || !elt.hasAttribute("ws-connect")) return text;
+      if (text.indexOf('id="answer-draft"') < 0 || document.getElementById("answer-draft")) return text;
+      var parsed = document.createElement("template");
+      parsed.innerHTML = text;
+      var stale = Array.prototype.filter.call(parsed.content.children, function (child) {
+        return child.id === "answer-draft" && child.hasAttribute("hx-swap-oob");
+      });
+      if (!stale.length || parsed.content.querySelector("[hx-swap-oob] #answer-draft")) return text;
+      stale.forEach(function (draft) { draft.remove(); });
+      return parsed.innerHTML;
+    }
+  });
+}
+
 // The timeline follows the run while the user is at its bottom; scrolled up, they keep
 // their place and a "jump to latest" button offers the way back down.
 (function () {
