@@ -263,7 +263,7 @@ class Agent:
         return self.dispatch.retries, self.limits.agent_max_retries
 
     @transaction.atomic
-    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> Next | None:
+    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int, took_ms: int) -> Next | None:
         if (stop := self.check(retries=retry)) is not None:
             return stop
         dispatch = self.dispatch
@@ -272,7 +272,7 @@ class Agent:
             type=AGENT_ATTEMPT, dispatch=dispatch,
             summary=f"{dispatch.agent_id} retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
             payload={"sub_agent_id": dispatch.agent_id, "retry": retry, "step": step, "reason": str(exc),
-                     "backoff_seconds": delay},
+                     "backoff_seconds": delay, "duration_ms": took_ms},
         )
         return None
 

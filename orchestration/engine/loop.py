@@ -75,7 +75,7 @@ class Work(Protocol):
     def before_call(self) -> Next | None: ...  # check, then within limits? reserve the spend
     def request(self) -> dict: ...  # the call's model, messages, tools, max_tokens, on_text
     def retries(self) -> tuple[int, int]: ...  # (used, allowed) engine retries of model calls
-    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> Next | None: ...
+    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int, took_ms: int) -> Next | None: ...
     def priority(self) -> capacity.Priority: ...  # its place among calls waiting for the provider
     def record_wait(self, step: int, waited: float, model: str) -> None: ...  # an llm.waiting event
     def release_reservation(self) -> None: ...  # the call was not made, or failed
@@ -159,12 +159,17 @@ async def _ask(work: Work, step: int) -> tuple[LLMResponse, int]:
     """The model's answer for this step, asked again (after a wait) while it fails
     transiently and the role's retries last (orchestration/engine/retries.py)."""
 
+    attempt_began = time.monotonic()  # a failed attempt's duration goes in its event (its trace span)
+
     async def before_retry(retry: int, exc: LLMError, delay: float) -> None:
-        if (stop := await db_retrying(work.record_retry, retry, exc, delay, step)) is not None:
+        nonlocal attempt_began
+        took_ms = int((time.monotonic() - attempt_began) * 1000)
+        if (stop := await db_retrying(work.record_retry, retry, exc, delay, step, took_ms)) is not None:
             raise _Stopped(stop)
         await asyncio.sleep(delay)
         if (stop := await runner.db(work.check)) is not None:  # stopped or paused meanwhile
             raise _Stopped(stop)
+        attempt_began = time.monotonic()
 
     used, allowed = work.retries()
     request = work.request()

@@ -142,7 +142,7 @@ class Orchestrator:
         return self.turn.llm_retries, self.limits.orchestrator_max_retries
 
     @transaction.atomic
-    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int) -> Next | None:
+    def record_retry(self, retry: int, exc: LLMError, delay: float, step: int, took_ms: int) -> Next | None:
         if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token).update(
                 lease_expires_at=lease_until(), llm_retries=retry, answer_draft=""):
             return steps.STOP
@@ -150,7 +150,8 @@ class Orchestrator:
         event_record(
             type=ORCHESTRATOR_LLM_RETRY, turn=self.turn,
             summary=f"Orchestrator call {step + 1}: retry {retry} in {delay:.1f}s: {str(exc)[:120]}",
-            payload={"iteration": step + 1, "retry": retry, "reason": str(exc), "backoff_seconds": delay},
+            payload={"iteration": step + 1, "retry": retry, "reason": str(exc), "backoff_seconds": delay,
+                     "duration_ms": took_ms},
         )
         return None
 

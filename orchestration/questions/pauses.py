@@ -22,6 +22,7 @@ from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnSt
 from orchestration.records.catalogue import LIMIT_TRIPPED, TURN_PAUSED, TURN_RESUMED
 from orchestration.records.events import event_record
 from orchestration.records.history import message_append
+from orchestration.reports import otel
 
 APPROVAL = "approval"  # the limit of an approval's pause (orchestration/questions/approvals.py)
 
@@ -70,6 +71,7 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None,
         question = "approve?" if trip.limit == APPROVAL else "continue?"
         event_record(type=TURN_PAUSED, turn=turn, summary=f"Turn {turn.number} paused: {question}",
                      payload={"pause_id": pause.pk, "limit": trip.limit})
+        otel.after_pausing(turn.pk)  # the run that ended, once this commits (when OTEL_* asks)
     return pause
 
 

@@ -16,6 +16,15 @@ dispatch keeps that call's id), a nested agent of its parent's.
             execute_tool {skill}                (a skill call, nested calls inside)
               run_guardrail approval            (the owner's approval or a call in doubt)
 
+A human wait is never inside a span: a turn that paused is one `invoke_workflow` root per
+run (from its start or a Continue to a pause or its end), all in the turn's one trace,
+each linked to the run before; an agent still at work across a pause, or redelivered
+after its worker died, is one `invoke_agent` span per piece, linked to the piece before;
+a model call that failed and was retried is a failed `chat` span the next attempt links
+to. Every span has a key, stable across processes (`workflow-1`, `agent-12-0`), from
+which the exporter derives its id: a run exported at its pause and the next, exported
+by another worker, link up.
+
 `manage.py traces TURN` prints it; orchestration/reports/otel.py sends it.
 """
 
@@ -29,15 +38,20 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from orchestration.models import (AgentDispatch, LLMCall, SkillApproval,
+from orchestration.models import (AgentDispatch, Event, LLMCall, SkillApproval,
                                   SkillExecution, Turn)
+from orchestration.records.catalogue import (AGENT_ATTEMPT,
+                                             ORCHESTRATOR_LLM_RETRY,
+                                             TURN_PAUSED, TURN_RESUMED)
 
 INTERNAL, CLIENT = "INTERNAL", "CLIENT"
 CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+PAUSED = "paused"  # how a run ended that a Continue or an approval may follow
 
 
 @dataclass
 class Span:
+    key: str  # unique in the turn, the same in every process (the exporter's span id)
     name: str
     start: datetime
     end: datetime
@@ -45,6 +59,7 @@ class Span:
     kind: str = INTERNAL
     error: str = ""  # error.type, when it failed
     children: list[Span] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # keys of the spans this one follows
 
     def walk(self, depth: int = 0):
         yield depth, self
@@ -56,24 +71,18 @@ def capture_content() -> bool:
     return os.environ.get(CAPTURE_CONTENT, "").strip().lower() in ("1", "true", "yes")
 
 
-def turn_trace(turn: Turn) -> Span:
-    """The turn's span tree (five queries, whatever its size)."""
+def turn_trace(turn: Turn) -> list[Span]:
+    """The turn's runs, each an `invoke_workflow` root (six queries, whatever its size).
+    A paused turn's last run ended at the pause; a running turn's runs up to now."""
     records = _Records(turn)
-    end = turn.finished_at or timezone.now()
-    common = {"gen_ai.conversation.id": str(turn.conversation_id)}
-    orchestrator = Span(
-        name="invoke_agent orchestrator", start=turn.started_at, end=end,
-        attributes=common | {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "orchestrator",
-                             "gen_ai.agent.id": f"turn-{turn.pk}-orchestrator"},
-        error="turn_failed" if turn.status == "failed" else "",
-    )
-    orchestrator.children = records.steps(None, end)
-    return Span(
-        name="invoke_workflow", start=turn.started_at, end=end,
-        attributes=common | {"gen_ai.operation.name": "invoke_workflow", "assistant.turn.id": turn.pk,
-                             "assistant.turn.number": turn.number, "assistant.turn.status": turn.status},
-        error=orchestrator.error, children=[orchestrator],
-    )
+    runs = records.runs()
+    return [records.run(number, start, end, ended_by, last=number == len(runs) - 1)
+            for number, (start, end, ended_by) in enumerate(runs)]
+
+
+def run_ended_by(root: Span) -> str:
+    """"paused", or the turn's status if the run ended with the turn."""
+    return root.attributes["assistant.turn.run.ended_by"]
 
 
 class _Records:
@@ -84,20 +93,91 @@ class _Records:
         self.calls = list(LLMCall.objects.filter(turn=turn).order_by("id"))
         self.executions = list(SkillExecution.objects.filter(dispatch__turn=turn).order_by("id"))
         self.approvals = {a.pk: a for a in SkillApproval.objects.filter(turn=turn).order_by("id")}
+        self.marks = list(Event.objects.filter(turn=turn, type__in=(
+            TURN_PAUSED, TURN_RESUMED, AGENT_ATTEMPT, ORCHESTRATOR_LLM_RETRY)).order_by("id").values_list(
+            "pk", "type", "created_at", "dispatch_id", "payload"))
+        self.end = turn.finished_at or timezone.now()
+        self.tool_calls = {(call.dispatch_id, str(tool_call.get("id") or "")) for call in self.calls
+                           for tool_call in (call.response or {}).get("tool_calls") or []}
+        self._pieces: dict[int, list[tuple[datetime, datetime]]] = {}
 
-    def steps(self, dispatch: AgentDispatch | None, end: datetime) -> list[Span]:
-        """The model calls of the orchestrator (None) or of an agent, each followed by the
-        tools its answer called; a tool returns when the next call is made."""
-        mine = [c for c in self.calls if c.dispatch_id == (dispatch.pk if dispatch else None)]
+    # --- runs: the turn between its start or a resume and a pause or its end ----------------
+
+    def runs(self) -> list[tuple[datetime, datetime, str]]:
+        runs, started = [], self.turn.started_at
+        for _, type_, at, _, _ in self.marks:
+            if type_ == TURN_PAUSED and started is not None:
+                runs.append((started, at, PAUSED))
+                started = None
+            elif type_ == TURN_RESUMED and started is None:
+                started = at
+        if started is not None:
+            runs.append((started, self.end, self.turn.status))
+        return runs
+
+    def run(self, number: int, start: datetime, end: datetime, ended_by: str, *, last: bool) -> Span:
+        failed = "turn_failed" if last and self.turn.status == "failed" else ""
+        back = [number - 1] if number else []
+        orchestrator = Span(
+            key=f"orchestrator-{number}", name="invoke_agent orchestrator", start=start, end=end,
+            attributes=self.common | {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "orchestrator",
+                                      "gen_ai.agent.id": f"turn-{self.turn.pk}-orchestrator"},
+            error=failed, links=[f"orchestrator-{n}" for n in back],
+        )
+        orchestrator.children = self.steps(None, start, end) + self.continuing(None, start, end)
+        return Span(
+            key=f"workflow-{number}", name="invoke_workflow", start=start, end=end,
+            attributes=self.common | {"gen_ai.operation.name": "invoke_workflow", "assistant.turn.id": self.turn.pk,
+                                      "assistant.turn.number": self.turn.number,
+                                      "assistant.turn.status": self.turn.status, "assistant.turn.run": number,
+                                      "assistant.turn.run.ended_by": ended_by},
+            error=failed, children=[orchestrator], links=[f"workflow-{n}" for n in back],
+        )
+
+    # --- a role's steps: model calls (and the failed attempts before them), then tools -------
+
+    def steps(self, dispatch: AgentDispatch | None, start: datetime, end: datetime) -> list[Span]:
+        """The model calls of the orchestrator (None) or of an agent begun in [start, end),
+        each after its failed attempts and followed by the tools its answer called; a
+        tool returns when the next call is made."""
+        owner = dispatch.pk if dispatch else None
+        mine = [c for c in self.calls if c.dispatch_id == owner]
         spans: list[Span] = []
         for i, call in enumerate(mine):
-            answered = call.created_at
-            started = answered - timedelta(milliseconds=call.duration_ms)
-            spans.append(self.chat(call, started, answered))
-            following = mine[i + 1].created_at - timedelta(milliseconds=mine[i + 1].duration_ms) \
-                if i + 1 < len(mine) else end
+            asked = _asked(call)
+            if not start <= asked < end:
+                continue
+            previous = mine[i - 1].created_at if i else start
+            failed = self.failed_attempts(dispatch, previous, asked, call.model)
+            spans += failed
+            chat = self.chat(call, asked, call.created_at)
+            chat.links = [failed[-1].key] if failed else []
+            spans.append(chat)
+            following = _asked(mine[i + 1]) if i + 1 < len(mine) else end
             for tool_call in (call.response or {}).get("tool_calls") or []:
-                spans.append(self.tool(dispatch, tool_call, answered, max(following, answered)))
+                spans.append(self.tool(dispatch, tool_call, call.created_at,
+                                       max(min(following, end), call.created_at), until=end))
+        return spans
+
+    def failed_attempts(self, dispatch: AgentDispatch | None, after: datetime, before: datetime,
+                        model: str) -> list[Span]:
+        """The model calls that failed and were retried between two of the role's calls
+        (the model of the call that then succeeded)."""
+        spans: list[Span] = []
+        for pk, type_, at, dispatch_id, payload in self.marks:
+            mine = (type_ == ORCHESTRATOR_LLM_RETRY and dispatch is None) or (
+                type_ == AGENT_ATTEMPT and dispatch is not None and dispatch_id == dispatch.pk and "retry" in payload)
+            if not mine or not after <= at <= before:
+                continue
+            took = timedelta(milliseconds=payload.get("duration_ms") or 0)
+            spans.append(Span(
+                key=f"attempt-{pk}", name=f"chat {model}".strip(),
+                kind=CLIENT, start=at - took, end=at, error=_error_type(payload.get("reason", "")),
+                attributes=self.common | {"gen_ai.operation.name": "chat", "gen_ai.provider.name": _provider(),
+                                          "gen_ai.request.model": model,
+                                          "assistant.retry": payload.get("retry")},
+                links=[spans[-1].key] if spans else [],
+            ))
         return spans
 
     def chat(self, call: LLMCall, start: datetime, end: datetime) -> Span:
@@ -116,22 +196,28 @@ class _Records:
                     {"type": "tool_call", "id": t.get("id"), "name": t.get("name"), "arguments": t.get("arguments")}
                     for t in response.get("tool_calls") or []],
                 "finish_reason": response.get("finish_reason") or "stop"}])
-        return Span(name=f"chat {model}".strip(), kind=CLIENT, start=start, end=end, attributes=attributes)
+        return Span(key=f"chat-{call.pk}", name=f"chat {model}".strip(), kind=CLIENT, start=start, end=end,
+                    attributes=attributes)
 
-    def tool(self, dispatch: AgentDispatch | None, tool_call: dict, start: datetime, end: datetime) -> Span:
+    def tool(self, dispatch: AgentDispatch | None, tool_call: dict, start: datetime, end: datetime, *,
+             until: datetime) -> Span:
+        """A tool call; `dispatch_agent`'s holds the pieces of the agents it created that
+        began before `until` (the end of its run or of its caller's piece)."""
         call_id, name = str(tool_call.get("id") or ""), str(tool_call.get("name") or "")
         attributes = self.common | {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": call_id,
                                     "gen_ai.tool.type": "function"}
+        owner = dispatch.pk if dispatch else None
         if name == "use_skill" and dispatch is not None:
             row = next((e for e in self.executions if e.dispatch_id == dispatch.pk and e.parent_id is None
                         and (e.tool_call_id == call_id or e.tool_call_id.startswith(f"{call_id}#"))), None)
             if row is not None:
                 return self.execution(row, attributes)
-        span = Span(name=f"execute_tool {name}", start=start, end=end,
+        span = Span(key=f"tool-{owner or 0}-{call_id}", name=f"execute_tool {name}", start=start, end=end,
                     attributes=attributes | {"gen_ai.tool.name": name})
         if name == "dispatch_agent":
-            span.children = [self.agent(d) for d in self.dispatches if d.tool_call_id == call_id
-                             and d.parent_id == (dispatch.pk if dispatch else None)]
+            for created in self.dispatches:
+                if created.tool_call_id == call_id and created.parent_id == owner:
+                    span.children += self.agent_pieces(created, start, until)
         return span
 
     def execution(self, row: SkillExecution, attributes: dict) -> Span:
@@ -139,7 +225,8 @@ class _Records:
         ended = row.finished_at or self.turn.finished_at or timezone.now()
         failed = row.status != "completed" and row.status != "running"
         kind = (row.result or {}).get("error_kind", row.status) if isinstance(row.result, dict) else row.status
-        span = Span(name=f"execute_tool {row.skill}", start=started, end=max(ended, started),
+        span = Span(key=f"execution-{row.pk}", name=f"execute_tool {row.skill}", start=started,
+                    end=max(ended, started),
                     attributes=attributes | {"gen_ai.tool.name": row.skill, "gen_ai.tool.call.id": row.tool_call_id,
                                              "assistant.skill.status": row.status},
                     error=str(kind) if failed else "")
@@ -155,43 +242,90 @@ class _Records:
         return [a for a in self.approvals.values() if a.pk in ids or (a.in_doubt and a.execution_id == row.pk)]
 
     def guardrail(self, approval: SkillApproval, row: SkillExecution) -> Span:
+        """The check that asked the owner, at the moment it asked, with the owner's answer:
+        the wait for the answer is the pause between two runs, in no span."""
         asked = approval.created_at
-        answered = approval.decided_at or asked
-        return Span(
-            name="run_guardrail approval" if not approval.in_doubt else "run_guardrail in_doubt",
-            start=asked, end=max(answered, asked),
-            attributes=self.common | {
-                "gen_ai.operation.name": "run_guardrail", "gen_ai.guardrail.name": f"owner {approval.kind}",
-                "gen_ai.guardrail.decision": approval.decision or "pending", "gen_ai.tool.name": approval.skill,
-                "assistant.approval.reasons": list(approval.reasons or []),
-            },
-        )
+        attributes = self.common | {
+            "gen_ai.operation.name": "run_guardrail", "gen_ai.guardrail.name": f"owner {approval.kind}",
+            "gen_ai.guardrail.decision": approval.decision or "pending", "gen_ai.tool.name": approval.skill,
+            "assistant.approval.reasons": list(approval.reasons or []),
+        }
+        if approval.decided_at:
+            attributes["assistant.approval.decided_at"] = approval.decided_at.isoformat()
+        return Span(key=f"approval-{approval.pk}",
+                    name="run_guardrail approval" if not approval.in_doubt else "run_guardrail in_doubt",
+                    start=asked, end=asked, attributes=attributes)
 
-    def agent(self, dispatch: AgentDispatch) -> Span:
-        start = dispatch.started_at or dispatch.created_at
-        end = dispatch.finished_at or dispatch.closed_at or self.turn.finished_at or timezone.now()
+    # --- agents: one span per piece (cut by the turn's pauses and by redeliveries) -----------
+
+    def continuing(self, parent: AgentDispatch | None, start: datetime, end: datetime) -> list[Span]:
+        """The pieces in [start, end) of agents created earlier (before a pause, or by an
+        earlier piece of their parent), whose parent's tool span is in another run, or
+        by a call the records do not hold."""
+        owner = parent.pk if parent else None
+        return [span for created in self.dispatches if created.parent_id == owner
+                and (created.created_at < start or (owner, created.tool_call_id) not in self.tool_calls)
+                for span in self.agent_pieces(created, start, end)]
+
+    def agent_pieces(self, dispatch: AgentDispatch, start: datetime, end: datetime) -> list[Span]:
+        return [self.agent(dispatch, n, lo, hi) for n, (lo, hi) in enumerate(self.pieces(dispatch))
+                if start <= lo < end]
+
+    def pieces(self, dispatch: AgentDispatch) -> list[tuple[datetime, datetime]]:
+        """The agent's life cut at the turn's pauses and where it was redelivered after a
+        crash (its worker died or lost its lease mid-step)."""
+        if dispatch.pk not in self._pieces:
+            born = dispatch.started_at or dispatch.created_at
+            died = max(dispatch.finished_at or dispatch.closed_at or self.end, born)
+            cuts, crashes = [], 0  # a resume after a pause is not a crash: the run's edge cuts it
+            for _, type_, at, dispatch_id, payload in self.marks:
+                if type_ == AGENT_ATTEMPT and dispatch_id == dispatch.pk and payload.get("crashes", 0) > crashes:
+                    crashes = payload["crashes"]
+                    if born < at < died:
+                        cuts.append(at)
+            pieces = []
+            for lo, hi, _ in self.runs():
+                edges = [max(lo, born)] + [c for c in cuts if lo < c < hi] + [min(hi, died)]
+                pieces += [(a, b) for a, b in zip(edges, edges[1:]) if a < b or (a == b == born)]
+            self._pieces[dispatch.pk] = pieces or [(born, died)]
+        return self._pieces[dispatch.pk]
+
+    def agent(self, dispatch: AgentDispatch, number: int, start: datetime, end: datetime) -> Span:
+        last = number == len(self.pieces(dispatch)) - 1
         span = Span(
-            name=f"invoke_agent {dispatch.agent_id}", start=start, end=max(end, start),
+            key=f"agent-{dispatch.pk}-{number}", name=f"invoke_agent {dispatch.agent_id}", start=start, end=end,
             attributes=self.common | {
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": dispatch.agent_id,
                 "gen_ai.agent.id": f"dispatch-{dispatch.pk}", "gen_ai.request.model": dispatch.model,
-                "assistant.agent.outcome": dispatch.outcome or dispatch.state,
+                "assistant.agent.outcome": dispatch.outcome or dispatch.state, "assistant.agent.piece": number,
                 "assistant.agent.crashes": dispatch.crashes, "assistant.agent.retries": dispatch.retries,
             },
-            error=dispatch.outcome if dispatch.outcome not in ("", "completed", "budget_exceeded") else "",
+            error=dispatch.outcome if last and dispatch.outcome not in ("", "completed", "budget_exceeded") else "",
+            links=[f"agent-{dispatch.pk}-{number - 1}"] if number else [],
         )
-        span.children = self.steps(dispatch, span.end)
+        span.children = self.steps(dispatch, start, end) + self.continuing(dispatch, start, end)
         return span
+
+
+def _asked(call: LLMCall) -> datetime:
+    return call.created_at - timedelta(milliseconds=call.duration_ms)
+
+
+def _error_type(reason: str) -> str:
+    """A failed call's error.type: the provider's status ("503"), or what the client saw."""
+    words = reason.split()
+    status = next((w.strip(":,") for w in words if w.strip(":,").isdigit() and len(w.strip(":,")) == 3), "")
+    return status or "llm_error"
 
 
 def _provider() -> str:
     return "openai" if settings.ASSISTANT_LLM_PROVIDER == "openai" else str(settings.ASSISTANT_LLM_PROVIDER)
 
 
-def span_lines(root: Span) -> list[str]:
-    """The tree as text, one span a line: what `manage.py traces` prints."""
+def span_lines(roots: list[Span]) -> list[str]:
+    """The trees as text, one span a line: what `manage.py traces` prints."""
     lines = []
-    for depth, span in root.walk():
+    for depth, span in (pair for root in roots for pair in root.walk()):
         took = (span.end - span.start).total_seconds()
         extra = [span.kind] if span.kind != INTERNAL else []
         attributes = span.attributes
@@ -203,5 +337,7 @@ def span_lines(root: Span) -> list[str]:
             extra.append(attributes["gen_ai.guardrail.decision"])
         if span.error:
             extra.append(f"error.type={span.error}")
+        if span.links:
+            extra.append(f"follows {', '.join(span.links)}")
         lines.append(f"{'  ' * depth}{span.name}  {took:.3f} s" + (f"  ({', '.join(extra)})" if extra else ""))
     return lines

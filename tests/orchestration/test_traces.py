@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import \
 from orchestration.models import LLMCall, SkillApproval
 from orchestration.questions.approvals import approval_answer
 from orchestration.reports import otel
-from orchestration.reports.traces import turn_trace
-from tests.support.llm_server import Agent, Plan
+from orchestration.reports.traces import run_ended_by, turn_trace
+from tests.support.llm_server import Agent, Plan, with_burst
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("approvals_on")]
 
@@ -51,12 +51,15 @@ def by_name(root) -> dict[str, list]:
 
 
 def test_the_tree_nests_every_agent_model_call_skill_call_and_approval(answered_turn):
-    root = turn_trace(answered_turn)
+    runs = turn_trace(answered_turn)
+    # The approval paused the turn: one run up to the question, one after the answer.
+    assert [run_ended_by(run) for run in runs] == ["paused", "completed"]
+    root = runs[0]
     assert root.name == "invoke_workflow" and root.attributes["gen_ai.operation.name"] == "invoke_workflow"
     (orchestrator,) = root.children
     assert orchestrator.attributes["gen_ai.agent.name"] == "orchestrator"
     spans = by_name(root)
-    chats = [s for s in orchestrator.children if s.name.startswith("chat ")]
+    chats = [s for run in runs for s in run.children[0].children if s.name.startswith("chat ")]
     assert len(chats) == LLMCall.objects.filter(turn=answered_turn, dispatch=None).count()
     chat = chats[0]
     assert chat.kind == "CLIENT" and chat.attributes["gen_ai.operation.name"] == "chat"
@@ -78,8 +81,22 @@ def test_the_tree_nests_every_agent_model_call_skill_call_and_approval(answered_
     (guardrail,) = send.children
     assert guardrail.name == "run_guardrail approval"
     assert guardrail.attributes["gen_ai.guardrail.decision"] == "approved"
-    assert all(s.attributes["gen_ai.conversation.id"] == str(answered_turn.conversation_id) for _, s in root.walk())
-    assert not any(s.error for _, s in root.walk())
+    assert guardrail.start == guardrail.end, "the owner's wait is in no span"
+    every = [span for run in runs for _, span in run.walk()]
+    assert all(s.attributes["gen_ai.conversation.id"] == str(answered_turn.conversation_id) for s in every)
+    assert not any(s.error for s in every)
+
+
+def test_a_pause_ends_the_run_and_the_next_links_back(answered_turn):
+    first, second = turn_trace(answered_turn)
+    assert first.end <= second.start, "nothing spans the owner's wait"
+    assert second.links == [first.key] and second.children[0].links == [first.children[0].key]
+    # the mailer, asked to approve in the first run, goes on in the second: a new piece
+    (mailer,) = [s for _, s in first.walk() if s.name == "invoke_agent mailer"]
+    (going_on,) = [s for s in second.children[0].children if s.name == "invoke_agent mailer"]
+    assert going_on.links == [mailer.key] and going_on.attributes["gen_ai.agent.id"] == mailer.attributes[
+        "gen_ai.agent.id"]
+    assert mailer.end <= first.end
 
 
 def test_the_sdk_gets_one_trace_with_the_same_parent_links(answered_turn):
@@ -88,17 +105,85 @@ def test_the_sdk_gets_one_trace_with_the_same_parent_links(answered_turn):
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     otel.turn_export(answered_turn.pk, provider)
     exported = exporter.get_finished_spans()
-    root = turn_trace(answered_turn)
-    assert len(exported) == sum(1 for _ in root.walk())
+    assert len(exported) == sum(1 for root in turn_trace(answered_turn) for _ in root.walk())
     assert len({s.context.trace_id for s in exported}) == 1, "one turn, one trace"
     by_id = {s.context.span_id: s for s in exported}
     for span in exported:
-        if span.name.startswith("invoke_agent ") and span.attributes["gen_ai.agent.name"] != "orchestrator":
+        if span.name.startswith("invoke_agent ") and span.attributes["gen_ai.agent.name"] != "orchestrator" \
+                and not span.links:
             assert by_id[span.parent.span_id].name == "execute_tool dispatch_agent"
         if span.name.startswith("chat "):
             assert span.kind.name == "CLIENT" and span.start_time <= span.end_time
-    (top,) = [s for s in exported if s.parent is None]
-    assert top.name == "invoke_workflow"
+        for link in span.links:  # every link resolves to a span of the same trace
+            assert by_id[link.context.span_id].name == span.name
+    assert [s.name for s in exported if s.parent is None] == ["invoke_workflow", "invoke_workflow"]
+    # Exported again (another worker, another run), the ids are the same: links hold.
+    again = InMemorySpanExporter()
+    other = TracerProvider()
+    other.add_span_processor(SimpleSpanProcessor(again))
+    otel.turn_export(answered_turn.pk, other)
+    assert {s.context.span_id for s in again.get_finished_spans()} == set(by_id)
+
+
+def test_each_run_is_exported_when_it_ends(llm, run_turn, alice, settings, monkeypatch):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(otel, "tracer_provider", lambda: provider)
+    settings.ASSISTANT_OTEL_TRACES = True
+    settings.ASSISTANT_SKILL_POLICIES = dict(settings.SKILLS_DEFAULT_POLICIES)
+    llm.respond = Plan([Agent("mailer", ["email.send"], [EMAIL], report="Mailed.")], answer="Done.")
+    turn = run_turn("Mail Bob my tasks")
+    assert turn.status == "paused"
+    at_pause = exporter.get_finished_spans()
+    assert [s.attributes["assistant.turn.run"] for s in at_pause if s.name == "invoke_workflow"] == [0]
+    asked = SkillApproval.objects.get(turn=turn)
+    approval_answer(turn=turn, user=alice, approval_id=asked.pk, digest=asked.digest, approve=True)
+    turn.refresh_from_db()
+    assert turn.status == "completed", turn.error
+    later = exporter.get_finished_spans()[len(at_pause):]
+    (resumed,) = [s for s in later if s.name == "invoke_workflow"]
+    (paused,) = [s for s in at_pause if s.name == "invoke_workflow"]
+    assert resumed.attributes["assistant.turn.run"] == 1 and resumed.context.trace_id == paused.context.trace_id
+    assert [link.context.span_id for link in resumed.links] == [paused.context.span_id]
+    assert not {s.context.span_id for s in later} & {s.context.span_id for s in at_pause}, "no run sent twice"
+
+
+def test_a_retried_model_call_is_a_failed_attempt_the_next_links_to(llm, run_turn, settings):
+    settings.ASSISTANT_LLM_MAX_RETRIES = 0
+    plan = Plan([Agent("a", ["tasks.search"], [SEARCH])])
+    llm.respond = with_burst(plan, count=1, status=503,
+                             when=lambda r: any(t["function"]["name"] == "use_skill" for t in r.get("tools", [])))
+    turn = run_turn("Find my open tasks")
+    assert turn.status == "completed", turn.error
+    (agent,) = [s for root in turn_trace(turn) for _, s in root.walk() if s.name == "invoke_agent a"]
+    failed, answered = agent.children[0], agent.children[1]
+    assert failed.kind == "CLIENT" and failed.error == "503" and failed.start <= failed.end <= answered.start
+    assert answered.links == [failed.key] and not answered.error
+
+
+def test_an_agent_redelivered_after_a_crash_is_a_new_piece_linked_to_the_last(alice):
+    from datetime import timedelta
+
+    from orchestration.models import Event
+    from orchestration.records.catalogue import AGENT_ATTEMPT
+    from tests.factories import conversation_for, dispatch_for, turn_for
+
+    turn = turn_for(conversation_for(alice), status="completed")
+    dispatch = dispatch_for(turn, "a", state="closed", outcome="completed", crashes=1)
+    at = Event.objects.create(conversation=turn.conversation, turn=turn, dispatch=dispatch, type=AGENT_ATTEMPT,
+                              summary="a resumed (redelivered)",
+                              payload={"reason": "redelivered", "crashes": 1}).created_at  # events are append-only
+    type(turn).objects.filter(pk=turn.pk).update(started_at=at - timedelta(seconds=9),
+                                                 finished_at=at + timedelta(seconds=11))
+    type(dispatch).objects.filter(pk=dispatch.pk).update(started_at=at - timedelta(seconds=8),
+                                                         finished_at=at + timedelta(seconds=6))
+    turn.refresh_from_db()
+    (root,) = turn_trace(turn)
+    first, second = [s for s in root.children[0].children if s.name == "invoke_agent a"]
+    assert (first.start, first.end, second.start, second.end) == (
+        at - timedelta(seconds=8), at, at, at + timedelta(seconds=6))
+    assert second.links == [first.key] and first.attributes["assistant.agent.piece"] == 0
 
 
 def test_a_turn_ends_its_trace_to_the_exporter_when_otel_is_asked_for(llm, run_turn, settings, monkeypatch):
@@ -167,3 +252,4 @@ def test_manage_py_traces_prints_the_tree(answered_turn):
     assert any("run_guardrail approval" in line and "approved" in line for line in lines)
     with pytest.raises(CommandError, match="No turn 999999"):
         call_command("traces", "999999")
+

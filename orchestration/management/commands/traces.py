@@ -19,14 +19,15 @@ class Command(BaseCommand):
 
     def handle(self, *args, turn: int, **options):
         try:
-            root = turn_trace(Turn.objects.get(pk=turn))
+            roots = turn_trace(Turn.objects.get(pk=turn))
         except Turn.DoesNotExist:
             raise CommandError(f"No turn {turn}.") from None
         if options["json"]:
             spans = [{"depth": depth, "name": span.name, "kind": span.kind, "start": span.start.isoformat(),
-                      "end": span.end.isoformat(), "error.type": span.error or None, "attributes": span.attributes}
-                     for depth, span in root.walk()]
+                      "end": span.end.isoformat(), "error.type": span.error or None, "attributes": span.attributes,
+                      "key": span.key, "links": span.links}
+                     for root in roots for depth, span in root.walk()]
             self.stdout.write(json.dumps(spans, indent=1, default=str))
             return
-        for line in span_lines(root):
+        for line in span_lines(roots):
             self.stdout.write(line)
