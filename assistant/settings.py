@@ -359,11 +359,14 @@ SKILLS_BREAKER_THRESHOLD = env_int("SKILLS_BREAKER_THRESHOLD", 5, minimum=1)
 SKILLS_BREAKER_COOLDOWN_SECONDS = env_float("SKILLS_BREAKER_COOLDOWN_SECONDS", 30.0)
 SKILLS_EXECUTION_MODEL = "orchestration.SkillExecution"
 
-# OpenTelemetry traces (orchestration/reports/otel.py): each ended turn as one trace, when
-# the standard OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set (and OTEL_TRACES_EXPORTER is not
-# "none"); message content only with OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT.
+# OpenTelemetry (orchestration/reports/otel.py): each turn as one trace, sent run by run,
+# when the standard OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set (and OTEL_TRACES_EXPORTER is
+# not "none"); message content only with OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT.
+# The GenAI client metrics (token usage, operation duration) likewise, with _METRICS_.
 ASSISTANT_OTEL_TRACES = bool(env_str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env_str("OTEL_EXPORTER_OTLP_ENDPOINT")) \
     and env_str("OTEL_TRACES_EXPORTER", "otlp").lower() != "none"
+ASSISTANT_OTEL_METRICS = bool(env_str("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env_str("OTEL_EXPORTER_OTLP_ENDPOINT")) \
+    and env_str("OTEL_METRICS_EXPORTER", "otlp").lower() != "none"
 
 # MCP servers (skills/mcp/): besides those staff add in the admin, a deployment may list
 # them in a JSON file (a list of {"name", "command"/"args" or "url", "env", "headers",

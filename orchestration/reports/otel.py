@@ -5,7 +5,9 @@ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, and OTEL_TRACES_EXPORTER not "none": read at
 into settings.ASSISTANT_OTEL_TRACES); then a turn's spans (orchestration/reports/
 traces.py) are built from its records once a run of it has ended (at a pause, or with
 the turn), after that transaction commits, and handed to the SDK's batch processor,
-which sends them from its own thread. Nothing runs per step: off or on, a step costs
+which sends them from its own thread. The GenAI client metrics (operation duration,
+token usage) are recorded from the same spans, when OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT
+asks (settings.ASSISTANT_OTEL_METRICS). Nothing runs per step: off or on, a step costs
 the same.
 
 The exporter reads the rest of its configuration (headers, protocol, timeouts) from the
@@ -28,6 +30,7 @@ from orchestration.reports.traces import (CLIENT, PAUSED, Span, run_ended_by,
 logger = logging.getLogger(__name__)
 
 _provider = None
+_meters = None
 _lock = threading.Lock()
 
 
@@ -49,11 +52,30 @@ def tracer_provider():
         return _provider
 
 
-def turn_export(turn_id: int, provider=None, *, runs: str = "all") -> None:
+def meter_provider():
+    """The process's meter provider: the OTLP/HTTP metric exporter, read periodically."""
+    global _meters
+    with _lock:
+        if _meters is None:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import \
+                OTLPMetricExporter
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import \
+                PeriodicExportingMetricReader
+            from opentelemetry.sdk.resources import Resource
+
+            _meters = MeterProvider(
+                resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "assistant"}),
+                metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter())])
+        return _meters
+
+
+def turn_export(turn_id: int, provider=None, *, runs: str = "all", meters=None) -> None:
     """Send the turn `turn_id`'s runs in its one trace: "all", or "ended", the run that
     just ended (at a pause, or with the turn; nothing if the turn ended while paused: that
-    run went at its pause). A failure is logged, never raised: a tracing backend that is
-    down must not fail a turn."""
+    run went at its pause). `provider`/`meters`: the tracer and meter providers (by
+    default those the settings ask for; None sends no spans, or records no metrics). A
+    failure is logged, never raised: a backend that is down must not fail a turn."""
     from orchestration.models import Turn
 
     try:
@@ -61,11 +83,43 @@ def turn_export(turn_id: int, provider=None, *, runs: str = "all") -> None:
         roots = turn_trace(turn)
         if runs == "ended":
             roots = roots[-1:] if roots and (turn.status == "paused") == (run_ended_by(roots[-1]) == PAUSED) else []
-        tracer = _keyed_tracer((provider or tracer_provider()).get_tracer("assistant.orchestration"), turn)
-        for root in roots:
-            emit(root, tracer)
+        if provider is not None:
+            tracer = _keyed_tracer(provider.get_tracer("assistant.orchestration"), turn)
+            for root in roots:
+                emit(root, tracer)
+        if meters is not None:
+            calls_measure(roots, meters.get_meter("assistant.orchestration"))
     except Exception:  # noqa: BLE001 - see above
-        logger.exception("Could not export turn %s as a trace", turn_id)
+        logger.exception("Could not export turn %s", turn_id)
+
+
+# The GenAI conventions' advised buckets for the client metrics.
+TOKEN_BUCKETS = [4 ** n for n in range(14)]
+SECONDS_BUCKETS = [0.01 * 2 ** n for n in range(14)]
+
+
+def calls_measure(roots: list[Span], meter) -> None:
+    """The GenAI client metrics of the runs' model calls (failed attempts included):
+    gen_ai.client.operation.duration and gen_ai.client.token.usage."""
+    duration = meter.create_histogram("gen_ai.client.operation.duration", unit="s",
+                                      description="GenAI operation duration",
+                                      explicit_bucket_boundaries_advisory=SECONDS_BUCKETS)
+    usage = meter.create_histogram("gen_ai.client.token.usage", unit="{token}",
+                                   description="Number of input and output tokens used",
+                                   explicit_bucket_boundaries_advisory=TOKEN_BUCKETS)
+    for root in roots:
+        for _, span in root.walk():
+            if span.kind != CLIENT:
+                continue
+            attributes = {name: span.attributes[name] for name in (
+                "gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model", "gen_ai.response.model")
+                if span.attributes.get(name)}
+            if span.error:
+                attributes["error.type"] = span.error
+            duration.record((span.end - span.start).total_seconds(), attributes)
+            for kind, name in (("input", "gen_ai.usage.input_tokens"), ("output", "gen_ai.usage.output_tokens")):
+                if name in span.attributes:
+                    usage.record(span.attributes[name], attributes | {"gen_ai.token.type": kind})
 
 
 def after_ending(turn_id: int) -> None:
@@ -80,10 +134,12 @@ def after_pausing(turn_id: int) -> None:
 
 
 def _after_commit(turn_id: int) -> None:
-    if settings.ASSISTANT_OTEL_TRACES:
+    if settings.ASSISTANT_OTEL_TRACES or settings.ASSISTANT_OTEL_METRICS:
         from django.db import transaction
 
-        transaction.on_commit(lambda: turn_export(turn_id, runs="ended"))
+        transaction.on_commit(lambda: turn_export(
+            turn_id, runs="ended", provider=tracer_provider() if settings.ASSISTANT_OTEL_TRACES else None,
+            meters=meter_provider() if settings.ASSISTANT_OTEL_METRICS else None))
 
 
 class _KeyedIds:

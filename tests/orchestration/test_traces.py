@@ -198,6 +198,22 @@ def test_a_turn_ends_its_trace_to_the_exporter_when_otel_is_asked_for(llm, run_t
     assert {s.name for s in exporter.get_finished_spans()} >= {"invoke_workflow", "invoke_agent a"}
 
 
+def test_the_genai_client_metrics_count_every_model_call_and_token(answered_turn):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    otel.turn_export(answered_turn.pk, meters=MeterProvider(metric_readers=[reader]))
+    points = {metric.name: metric.data.data_points for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for metric in sm.metrics}
+    calls = LLMCall.objects.filter(turn=answered_turn)
+    assert sum(p.count for p in points["gen_ai.client.operation.duration"]) == calls.count()
+    tokens = {p.attributes["gen_ai.token.type"]: p.sum for p in points["gen_ai.client.token.usage"]}
+    assert tokens == {"input": sum(c.prompt_tokens for c in calls), "output": sum(c.completion_tokens for c in calls)}
+    (duration,) = points["gen_ai.client.operation.duration"]
+    assert duration.attributes["gen_ai.operation.name"] == "chat" and duration.attributes["gen_ai.request.model"]
+
+
 def test_off_by_default_nothing_is_built(llm, run_turn, monkeypatch):
     monkeypatch.setattr(otel, "turn_export", lambda *a, **k: pytest.fail("exported with OTEL_* unset"))
     llm.respond = Plan([Agent("a", ["tasks.search"], [SEARCH])])
