@@ -4,8 +4,6 @@ OTLP/HTTP exporter into a receiver on 127.0.0.1; `manage.py traces` prints it.""
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from io import StringIO
 
 import pytest
@@ -20,6 +18,7 @@ from orchestration.questions.approvals import approval_answer
 from orchestration.reports import otel
 from orchestration.reports.traces import run_ended_by, turn_trace
 from tests.support.llm_server import Agent, Plan, with_burst
+from tests.support.otlp_receiver import OtlpReceiver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("approvals_on")]
 
@@ -220,42 +219,21 @@ def test_off_by_default_nothing_is_built(llm, run_turn, monkeypatch):
     assert run_turn("Find my open tasks").status == "completed"
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    bodies: list = []
-
-    def do_POST(self):  # noqa: N802 - http.server's name
-        self.bodies.append((self.path, self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_the_otlp_http_exporter_delivers_the_trace_to_a_receiver(answered_turn, monkeypatch):
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import \
         OTLPSpanExporter
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import \
-        ExportTraceServiceRequest
 
-    server = HTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Receiver.bodies = []
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    receiver = OtlpReceiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter()))
     try:
         otel.turn_export(answered_turn.pk, provider)
     finally:
-        server.shutdown()
-    names = set()
-    for path, body in _Receiver.bodies:
-        assert path == "/v1/traces"
-        request = ExportTraceServiceRequest.FromString(body)
-        names |= {span.name for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans}
+        receiver.close()
+    assert receiver.paths() == {"/v1/traces"}
     assert {"invoke_workflow", "invoke_agent orchestrator", "invoke_agent mailer", "execute_tool email.send",
-            "run_guardrail approval"} <= names
+            "run_guardrail approval"} <= {span.name for span in receiver.spans()}
 
 
 def test_manage_py_traces_prints_the_tree(answered_turn):
