@@ -28,6 +28,7 @@ urlpatterns = [
     ),
     path("conversations/<int:conversation_id>/delete/", views.conversation_delete_view, name="conversation_delete"),
     path("conversations/<int:conversation_id>/audit/", views.conversation_audit, name="conversation_audit"),
+    path("conversations/<int:conversation_id>/turns/<int:turn_id>/fork/", views.turn_fork_view, name="turn_fork"),
     path(
         "conversations/<int:conversation_id>/audit.json",
         views.conversation_export,

@@ -19,6 +19,7 @@ from orchestration import services
 from orchestration.lifecycle.turns import TurnOver, TurnRefused, turn_start, turn_stop
 from orchestration.questions.approvals import approval_answer
 from orchestration.questions.pauses import AlreadyAnswered, turn_continue
+from orchestration.replay.forking import fork_points, fork_request
 from orchestration.reports import audit, selectors
 from orchestration.reports.retention import DeletionRefused, conversation_delete, conversation_deletion_summary
 from orchestration.reports.waterfall import turn_waterfall
@@ -221,6 +222,32 @@ def conversation_audit(request, conversation):
     trail = [{**audit.turn_audit(turn), "waterfall": turn_waterfall(turn)} for turn in turns]
     usage = selectors.conversation_usage(conversation=conversation)
     return render(request, "conversations/audit.html", {"conversation": conversation, "turns": trail, "usage": usage})
+
+
+@require_http_methods(["GET", "POST"])
+@owned_conversation
+def turn_fork_view(request, conversation, turn_id: int):
+    """Fork an ended turn: its stored answers up to a point, an edited answer there, then
+    live, in a new conversation (orchestration/replay/forking.py). GET ?at=role:n shows
+    that point's stored answer to edit. The owner's only: a fork runs their skills on
+    their data, and staff, who may read any audit trail, act on none (staff fork with
+    `manage.py replay --fork`)."""
+    turn = get_object_or_404(conversation.turns, pk=turn_id)
+    points = fork_points(turn)
+    at = request.POST.get("at") or request.GET.get("at") or (points[0]["at"] if points else "")
+    chosen = next((p for p in points if p["at"] == at), None)
+    answer, error = request.POST.get("answer", chosen["answer"] if chosen else ""), ""
+    if request.method == "POST":
+        try:
+            fork = fork_request(turn, at=at, answer_text=answer)
+        except ValueError as exc:
+            error = str(exc)
+        else:
+            messages.success(request, f"Forking turn {turn.number} at {at}: “{fork}”.")
+            return redirect("conversation_detail", conversation_id=fork.pk)
+    return render(request, "conversations/fork.html", {
+        "conversation": conversation, "turn": turn, "points": points, "at": at, "answer": answer, "error": error,
+    }, status=400 if error else 200)
 
 
 @require_GET

@@ -7,21 +7,78 @@ its 1-based answer number), which gets `response` instead (an LLMResponse as JSO
 "content", "tool_calls" of {"id", "name", "arguments"}); from then on the model is asked
 for real, and skills run for real. Before the fork, a skill call the stored turn made
 gets its stored result (nothing is done twice). The new turn keeps its origin
-(Turn.forked_from, forked_at), which its audit shows. It runs inline, in this process.
+(Turn.forked_from, forked_at), which its audit shows. It runs inline, in this process:
+the engine's model and skill lookup are replaced process-wide while it runs.
+
+`fork_request` is the audit page's way in (owner or staff): it checks the point and the
+answer, makes the new conversation, and queues `fork_task`, which runs the fork as
+`manage.py replay --fork` in a process of its own, never inside a worker that runs
+other turns.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess  # nosec B404 - our own manage.py, arguments checked, no shell
+import sys
+import tempfile
 from dataclasses import replace
+
+from django.conf import settings
+from django.db import transaction
+from django_q.tasks import async_task
 
 from orchestration.llm import LLMResponse, get_provider
 from orchestration.models import Conversation, Turn
 from orchestration.replay.inline import engine_with
 from orchestration.replay.recording import answer_for, recorded_results, recording_of
 
+MAX_ANSWER_CHARS = 64_000
+FORK_SECONDS = 900  # a fork's own process is ended after this long
+
 
 class ForkPointUnknown(ValueError):
     pass
+
+
+def fork_points(turn: Turn) -> list[dict]:
+    """Every stored model answer a fork may start from: {"at", "who", "number", "answer"
+    (JSON text)}, the orchestrator's first, then each agent's."""
+    recording = recording_of(turn)
+    roles = [("orchestrator", "the orchestrator", recording.orchestrator)] + [
+        (agent, f"agent {agent}", answers) for agent, answers in sorted(recording.agents.items())]
+    return [{"at": f"{role}:{n}", "who": who, "number": n, "answer": json.dumps(answer, indent=1, ensure_ascii=False)}
+            for role, who, answers in roles for n, answer in enumerate(answers, start=1)]
+
+
+def fork_request(turn: Turn, *, at: str, answer_text: str) -> Conversation:
+    """Check the point and the answer (ForkPointUnknown or ValueError says what is wrong),
+    make the fork's conversation, and queue the fork once this commits."""
+    if turn.status in ("running", "waiting", "paused"):
+        raise ValueError(f"Turn {turn.pk} has not ended: fork an ended turn.")
+    fork_point(at, turn)
+    if len(answer_text) > MAX_ANSWER_CHARS:
+        raise ValueError(f"The answer is {len(answer_text)} characters; at most {MAX_ANSWER_CHARS}.")
+    try:
+        response = json.loads(answer_text)
+        LLMResponse.from_json(response)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f'Not a model answer ({exc}): {{"content": "...", "tool_calls": [...]}}') from None
+    conversation = Conversation.objects.create(owner=turn.conversation.owner,
+                                               title=f"Fork of turn {turn.pk} at {at}"[:200])
+    transaction.on_commit(lambda: async_task("orchestration.replay.forking.fork_task", turn.pk, at, response,
+                                             conversation.pk))
+    return conversation
+
+
+def fork_task(turn_id: int, at: str, response: dict, conversation_id: int) -> None:
+    """The queued fork, in a process of its own (see the module's docstring)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as answer:
+        json.dump(response, answer)
+        answer.flush()
+        subprocess.run(  # nosec B603 - our own manage.py, no shell, arguments checked by fork_request
+            [sys.executable, str(settings.BASE_DIR / "manage.py"), "replay", str(turn_id), "--fork", at,
+             "--response", answer.name, "--into", str(conversation_id)], check=True, timeout=FORK_SECONDS)
 
 
 def fork_point(at: str, turn: Turn) -> tuple[str, int]:
@@ -76,15 +133,19 @@ def _skills_until_fork(model: _ForkModel, results: dict, real_get_skill):
     return get_skill
 
 
-def fork(turn: Turn, *, at: str, response: dict) -> Turn:
-    """The new turn, run from the stored one's answers to `at`, `response` there, then live."""
+def fork(turn: Turn, *, at: str, response: dict, conversation: Conversation | None = None) -> Turn:
+    """The new turn, run from the stored one's answers to `at`, `response` there, then
+    live; in `conversation` (an empty one of the owner's), or a new one."""
     from orchestration.lifecycle.turns import turn_start
 
     point = fork_point(at, turn)
     LLMResponse.from_json(response)  # refused here if it is not a model answer
     recording = recording_of(turn)
-    conversation = Conversation.objects.create(owner=turn.conversation.owner,
-                                               title=f"Fork of turn {turn.pk} at {at}"[:200])
+    if conversation is None:
+        conversation = Conversation.objects.create(owner=turn.conversation.owner,
+                                                   title=f"Fork of turn {turn.pk} at {at}"[:200])
+    elif conversation.owner_id != turn.conversation.owner_id or conversation.turns.exists():
+        raise ValueError(f"conversation {conversation.pk} is not an empty one of the turn's owner")
     model = _ForkModel(recording, point, response)
     from skills import registry
 

@@ -159,3 +159,71 @@ def test_a_fork_with_an_answer_that_is_not_one_is_refused(llm, run_turn, alice, 
     with pytest.raises(CommandError, match=problem):
         call_command("replay", str(turn.pk), "--fork", "a:1", "--response", str(edited), stdout=StringIO())
     assert not turn.forks.exists() and Conversation.objects.filter(owner=alice).count() == 1
+
+
+# --- a fork from the audit page ------------------------------------------------------------
+
+
+@pytest.fixture
+def plumber_turn(llm, run_turn):
+    llm.respond = Plan([Agent("a", ["tasks.create", "tasks.search"], [ADD, SEARCH], report="a: plumber added")],
+                       answer="Added.")
+    turn = run_turn("Add the plumber")
+    assert turn.status == "completed"
+    return turn
+
+
+def fork_url(turn) -> str:
+    return f"/conversations/{turn.conversation_id}/turns/{turn.pk}/fork/"
+
+
+def test_the_audit_forks_a_turn_in_a_process_of_its_own(plumber_turn, llm, alice, client, monkeypatch):
+    from tests.support.processes import database_url
+
+    turn = plumber_turn
+    client.force_login(alice)
+    assert fork_url(turn) in client.get(f"/conversations/{turn.conversation_id}/audit/").content.decode()
+    page = client.get(fork_url(turn) + "?at=a:3")
+    assert page.status_code == 200 and "a: plumber added" in page.content.decode()  # the stored answer, to edit
+    # The fork's own process reaches this test's database and scripted model server.
+    for name, value in {"DATABASE_URL": database_url(), "ASSISTANT_LLM_PROVIDER": "openai", "OPENAI_BASE_URL": llm.url,
+                        "OPENAI_API_KEY": "test", "ASSISTANT_LLM_MAX_RETRIES": "0"}.items():
+        monkeypatch.setenv(name, value)
+    stored_requests = len(llm.requests)
+    response = client.post(fork_url(turn), {"at": "a:3", "answer": '{"content": "a: forked report", "tool_calls": []}'})
+    forked = turn.forks.get()
+    assert response.status_code == 302 and response.url == f"/conversations/{forked.conversation_id}/"
+    assert forked.status == "completed" and forked.forked_at == "a:3"
+    assert forked.dispatches.get(agent_id="a").result == "a: forked report"
+    assert alice.tasks.count() == 1, "a stored side effect before the fork was done again"
+    assert len(llm.requests) > stored_requests, "after the fork, the model is asked for real"
+
+
+@pytest.mark.parametrize(("at", "answer", "problem"), [
+    ("a:3", "{not json", "Not a model answer"),
+    ("a:3", '{"content": "x", "tool_calls": [{"name": "get_skill"}]}', "Not a model answer"),
+    ("a:3", '"just text"', "Not a model answer"),
+    ("a:3", '{"content": "' + "x" * 70_000 + '"}', "at most 64000"),
+    ("zz:1", '{"content": "x"}', "has no agent"),
+    ("a:9", '{"content": "x"}', "stored answers"),
+])
+def test_a_bad_fork_is_refused_with_its_reason_and_makes_nothing(plumber_turn, alice, client, at, answer, problem):
+    client.force_login(alice)
+    response = client.post(fork_url(plumber_turn), {"at": at, "answer": answer})
+    assert response.status_code == 400 and problem in response.content.decode()
+    assert not plumber_turn.forks.exists() and Conversation.objects.filter(owner=alice).count() == 1
+
+
+def test_only_the_owner_may_fork_and_the_form_needs_its_token(plumber_turn, alice, bob, staff, client):
+    """Staff read any audit trail but act on none: a fork runs the owner's skills."""
+    from django.test import Client
+
+    for other in (bob, staff):
+        client.force_login(other)
+        assert client.get(fork_url(plumber_turn)).status_code == 404
+        assert client.post(fork_url(plumber_turn), {"at": "a:3", "answer": '{"content": "x"}'}).status_code == 404
+    assert fork_url(plumber_turn) not in client.get(f"/conversations/{plumber_turn.conversation_id}/audit/").content.decode()
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(alice)
+    assert strict.post(fork_url(plumber_turn), {"at": "a:3", "answer": '{"content": "x"}'}).status_code == 403
+    assert not plumber_turn.forks.exists() and Conversation.objects.filter(owner=alice).count() == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from orchestration.models import Turn
+from orchestration.models import Conversation, Turn
 from orchestration.replay.forking import fork as fork_turn
 from orchestration.replay.recording import recording_of
 from orchestration.replay.replaying import replay
@@ -33,11 +33,13 @@ class Command(BaseCommand):
                             help="with --fork: the answer to take there, as JSON: "
                                  '{"content": "...", "tool_calls": '
                                  '[{"id": "...", "name": "...", "arguments": "{...}"}]}')
+        parser.add_argument("--into", metavar="CONVERSATION", type=int,
+                            help="with --fork: run the fork in this empty conversation of the owner's")
         parser.add_argument("--as-fixture", metavar="PATH",
                             help="write the turn's recording (JSON) for the scripted model server, and replay nothing")
 
     def handle(self, *args, turns: list[int], keep: bool, as_fixture: str | None, fork: str | None,
-               response: str | None, **options):
+               response: str | None, into: int | None, **options):
         diverged = 0
         for turn_id in turns:
             try:
@@ -47,7 +49,7 @@ class Command(BaseCommand):
             if turn.status in ("running", "waiting", "paused"):
                 raise CommandError(f"Turn {turn_id} has not ended ({turn.status}): replay an ended turn.")
             if fork:
-                self._fork(turn, fork, response, many=len(turns) > 1)
+                self._fork(turn, fork, response, many=len(turns) > 1, into=into)
                 return
             if as_fixture:
                 if len(turns) > 1:
@@ -67,12 +69,15 @@ class Command(BaseCommand):
         if diverged:
             raise CommandError(f"{diverged} of {len(turns)} turns diverged.", returncode=1)
 
-    def _fork(self, turn: Turn, at: str, response: str | None, *, many: bool) -> None:
+    def _fork(self, turn: Turn, at: str, response: str | None, *, many: bool, into: int | None) -> None:
         if many or not response:
             raise CommandError("--fork takes one turn and --response FILE.")
         try:
             answer = json.loads(Path(response).read_text())
-            new = fork_turn(turn, at=at, response=answer)
+            conversation = Conversation.objects.get(pk=into) if into is not None else None
+            new = fork_turn(turn, at=at, response=answer, conversation=conversation)
+        except Conversation.DoesNotExist:
+            raise CommandError(f"No conversation {into}.") from None
         except (OSError, ValueError, TypeError) as exc:
             raise CommandError(f"Cannot fork turn {turn.pk}: {exc}") from None
         self.stdout.write(f"turn {turn.pk} forked at {at}: turn {new.pk} ({new.status}) in conversation "
