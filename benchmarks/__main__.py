@@ -3,6 +3,7 @@
     python -m benchmarks bench [--workloads ...]       makespan, hand-offs, CPU, SQL per step; token economy
     python -m benchmarks loadtest [--users N ...]      browser-like users against daphne and a qcluster
     python -m benchmarks idle_sockets [--counts ...]   idle sockets' cost to daphne
+    python -m benchmarks trace_cost [--turns N ...]     OpenTelemetry export off and on, per model call
 
 Run from the project's folder (`make bench`, `make load`), with the site's settings and
 the database DATABASE_URL names. `python -m benchmarks NAME --help` lists a command's options.
@@ -14,7 +15,7 @@ import argparse
 import os
 import sys
 
-COMMANDS = ("bench", "loadtest", "idle_sockets")  # modules of benchmarks/commands/
+COMMANDS = ("bench", "loadtest", "idle_sockets", "trace_cost")  # modules of benchmarks/commands/
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -97,7 +97,8 @@ class _Records:
             TURN_PAUSED, TURN_RESUMED, AGENT_ATTEMPT, ORCHESTRATOR_LLM_RETRY)).order_by("id").values_list(
             "pk", "type", "created_at", "dispatch_id", "payload"))
         self.end = turn.finished_at or timezone.now()
-        self.tool_calls = {(call.dispatch_id, str(tool_call.get("id") or "")) for call in self.calls
+        # (the caller, a tool call's id) → when the model call that made it was asked
+        self.tool_calls = {(call.dispatch_id, str(tool_call.get("id") or "")): _asked(call) for call in self.calls
                            for tool_call in (call.response or {}).get("tool_calls") or []}
         self._pieces: dict[int, list[tuple[datetime, datetime]]] = {}
 
@@ -155,8 +156,25 @@ class _Records:
             spans.append(chat)
             following = _asked(mine[i + 1]) if i + 1 < len(mine) else end
             for tool_call in (call.response or {}).get("tool_calls") or []:
-                spans.append(self.tool(dispatch, tool_call, call.created_at,
-                                       max(min(following, end), call.created_at), until=end))
+                if (tool := self.tool(dispatch, tool_call, call.created_at,
+                                      max(min(following, end), call.created_at), until=end)) is not None:
+                    spans.append(tool)
+        return spans + self.late_executions(dispatch, start, end)
+
+    def late_executions(self, dispatch: AgentDispatch | None, start: datetime, end: datetime) -> list[Span]:
+        """Skill calls asked for before `start` that ran in [start, end): an approved call
+        runs in the run after the owner's answer, not in the one that asked."""
+        if dispatch is None:
+            return []
+        spans = []
+        for row in self.executions:
+            call_id = row.tool_call_id.split("#", 1)[0]
+            asked = self.tool_calls.get((dispatch.pk, call_id))
+            if row.dispatch_id == dispatch.pk and row.parent_id is None and asked is not None and asked < start \
+                    and start <= row.started_at < end:
+                spans.append(self.execution(row, self.common | {"gen_ai.operation.name": "execute_tool",
+                                                                "gen_ai.tool.call.id": call_id,
+                                                                "gen_ai.tool.type": "function"}))
         return spans
 
     def failed_attempts(self, dispatch: AgentDispatch | None, after: datetime, before: datetime,
@@ -200,9 +218,10 @@ class _Records:
                     attributes=attributes)
 
     def tool(self, dispatch: AgentDispatch | None, tool_call: dict, start: datetime, end: datetime, *,
-             until: datetime) -> Span:
+             until: datetime) -> Span | None:
         """A tool call; `dispatch_agent`'s holds the pieces of the agents it created that
-        began before `until` (the end of its run or of its caller's piece)."""
+        began before `until` (the end of its run or of its caller's piece). None for a
+        skill call that ran after `until` (late_executions places it)."""
         call_id, name = str(tool_call.get("id") or ""), str(tool_call.get("name") or "")
         attributes = self.common | {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.call.id": call_id,
                                     "gen_ai.tool.type": "function"}
@@ -211,7 +230,7 @@ class _Records:
             row = next((e for e in self.executions if e.dispatch_id == dispatch.pk and e.parent_id is None
                         and (e.tool_call_id == call_id or e.tool_call_id.startswith(f"{call_id}#"))), None)
             if row is not None:
-                return self.execution(row, attributes)
+                return self.execution(row, attributes) if row.started_at < until else None
         span = Span(key=f"tool-{owner or 0}-{call_id}", name=f"execute_tool {name}", start=start, end=end,
                     attributes=attributes | {"gen_ai.tool.name": name})
         if name == "dispatch_agent":
@@ -242,16 +261,16 @@ class _Records:
         return [a for a in self.approvals.values() if a.pk in ids or (a.in_doubt and a.execution_id == row.pk)]
 
     def guardrail(self, approval: SkillApproval, row: SkillExecution) -> Span:
-        """The check that asked the owner, at the moment it asked, with the owner's answer:
-        the wait for the answer is the pause between two runs, in no span."""
-        asked = approval.created_at
+        """The owner's verdict, at the moment it was given (still pending: when it was
+        asked): the wait for it is the pause between two runs, in no span, and the call
+        it cleared runs after it, in the next run."""
+        asked = approval.decided_at or approval.created_at
         attributes = self.common | {
             "gen_ai.operation.name": "run_guardrail", "gen_ai.guardrail.name": f"owner {approval.kind}",
             "gen_ai.guardrail.decision": approval.decision or "pending", "gen_ai.tool.name": approval.skill,
             "assistant.approval.reasons": list(approval.reasons or []),
         }
-        if approval.decided_at:
-            attributes["assistant.approval.decided_at"] = approval.decided_at.isoformat()
+        attributes["assistant.approval.asked_at"] = approval.created_at.isoformat()
         return Span(key=f"approval-{approval.pk}",
                     name="run_guardrail approval" if not approval.in_doubt else "run_guardrail in_doubt",
                     start=asked, end=asked, attributes=attributes)
@@ -263,9 +282,16 @@ class _Records:
         earlier piece of their parent), whose parent's tool span is in another run, or
         by a call the records do not hold."""
         owner = parent.pk if parent else None
-        return [span for created in self.dispatches if created.parent_id == owner
-                and (created.created_at < start or (owner, created.tool_call_id) not in self.tool_calls)
-                for span in self.agent_pieces(created, start, end)]
+        spans = []
+        for created in self.dispatches:
+            made_by = (owner, created.tool_call_id)
+            if created.parent_id != owner or (created.created_at >= start and made_by in self.tool_calls):
+                continue
+            for span in self.agent_pieces(created, start, end):
+                if span.attributes["assistant.agent.piece"] == 0 and made_by in self.tool_calls:
+                    span.links = [f"tool-{owner or 0}-{created.tool_call_id}"]  # created before a pause
+                spans.append(span)
+        return spans
 
     def agent_pieces(self, dispatch: AgentDispatch, start: datetime, end: datetime) -> list[Span]:
         return [self.agent(dispatch, n, lo, hi) for n, (lo, hi) in enumerate(self.pieces(dispatch))
