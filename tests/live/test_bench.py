@@ -45,3 +45,20 @@ def test_bench_measures_a_workload(tmp_path, capsys):
         assert (peer["workload"], peer["llm_requests"]) == ("diamond", 16) and peer["ratio"] >= 1, peer
     table = capsys.readouterr().out
     assert "diamond" in table and "dependency → dependent" in table
+
+
+def test_trace_cost_compares_export_off_and_on(tmp_path, monkeypatch, capsys):
+    """`python -m benchmarks trace_cost` kept working: the spans reach its receiver and
+    the export alone reads the turn's records once (no figure of time asserted)."""
+    from orchestration.reports import otel
+
+    # The bench points this process's exporter at its receiver: undone afterwards.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    monkeypatch.setattr(otel, "_provider", None)
+    output = tmp_path / "trace-cost.json"
+    assert bench_main(["trace_cost", "--turns", "1", "--rounds", "1", "--output", str(output)]) == 0
+    off, on, received = json.loads(output.read_text())
+    assert (off["export"], on["export"]) == ("off", "on") and off["model_calls"] == on["model_calls"] > 0
+    assert on["export_queries_per_turn"] == 6 and received["received"]["posts"] > 0
+    assert "| on |" in capsys.readouterr().out
