@@ -189,6 +189,8 @@ def emit(span: Span, tracer, parent=None) -> None:
     started = tracer.start_span(span.name, context=parent, kind=SpanKind.CLIENT if span.kind == CLIENT
                                 else SpanKind.INTERNAL, attributes=span.attributes, links=links,
                                 start_time=_ns(span.start))
+    for event in span.events:
+        started.add_event(event.name, event.attributes, timestamp=_ns(event.at))
     if span.error:
         started.set_attribute("error.type", span.error)
         started.set_status(Status(StatusCode.ERROR))

@@ -9,8 +9,8 @@ from xml.sax.saxutils import escape
 from orchestration.reports.traces import CLIENT, Span
 
 ROW, LABEL, BAR, PAD, GAP = 18, 330, 560, 8, 24
-COLOURS = {"invoke_workflow": "#5b6b7f", "invoke_agent": "#3d7cc9", "chat": "#3a9a5b", "execute_tool": "#d08a2c",
-           "run_guardrail": "#8a5cc2"}
+COLOURS = {"invoke_workflow": "#5b6b7f", "invoke_agent": "#3d7cc9", "chat": "#3a9a5b", "execute_tool": "#d08a2c"}
+EVENT = "#8a5cc2"
 
 
 def trace_svg(roots: list[Span]) -> str:
@@ -25,7 +25,7 @@ def trace_svg(roots: list[Span]) -> str:
 
     def x(moment) -> float:
         done = sum(max(0.0, (min(end, moment) - begin).total_seconds()) for begin, end in runs)
-        gaps = sum(1 for (_, end), (begin, _) in zip(runs, runs[1:]) if moment >= begin)
+        gaps = sum(1 for end, _ in zip((end for _, end in runs), runs[1:]) if moment > end)  # a wait's answer: after it
         return LABEL + width * done / work + GAP * gaps
 
     height = PAD * 2 + ROW * (len(rows) + 2)
@@ -47,10 +47,15 @@ def trace_svg(roots: list[Span]) -> str:
         parts.append(f'<rect x="{x(span.start):.1f}" y="{y + 3}" width="{max(x(span.end) - x(span.start), 1.5):.1f}" '
                      f'height="{ROW - 6}" rx="2" fill="{colour}"{opacity}>'
                      f'<title>{escape(span.name)}: {took:.3f} s{failed}</title></rect>')
+        for event in span.events:  # a diamond on the span's row: the owner's verdict
+            verdict = event.attributes.get("gen_ai.guardrail.result.value", "")
+            cx, cy = x(event.at), y + ROW / 2
+            parts.append(f'<path d="M{cx:.1f} {cy - 6:.1f} l6 6 l-6 6 l-6 -6 z" fill="{EVENT}">'
+                         f'<title>{escape(event.name)}: {escape(str(verdict))}</title></path>')
     y = PAD + ROW * len(rows) + 13
     parts.append(f'<text x="{LABEL}" y="{y}" fill="#555">0 s</text>')
     parts.append(f'<text x="{LABEL + BAR}" y="{y}" fill="#555" text-anchor="end">{work:.2f} s of work</text>')
     parts.append(f'<text x="{PAD}" y="{y + ROW}" fill="#555">↪ follows an earlier span (a run after a pause, '
-                 f'an agent going on, a retried call)</text>')
+                 f'an agent going on, a retried call); ◆ the owner\'s verdict</text>')
     parts.append("</svg>")
     return "\n".join(parts)

@@ -13,8 +13,8 @@ dispatch keeps that call's id), a nested agent of its parent's.
         execute_tool dispatch_agent             (INTERNAL)
           invoke_agent {agent_id}               (INTERNAL)
             chat {model}
-            execute_tool {skill}                (a skill call, nested calls inside)
-              run_guardrail approval            (the owner's approval or a call in doubt)
+            execute_tool {skill}                (a skill call, nested calls inside; the owner's
+                                                 verdict on it, as a gen_ai.guardrail.result event)
 
 A human wait is never inside a span: a turn that paused is one `invoke_workflow` root per
 run (from its start or a Continue to a pause or its end), all in the turn's one trace,
@@ -50,6 +50,13 @@ PAUSED = "paused"  # how a run ended that a Continue or an approval may follow
 
 
 @dataclass
+class SpanEvent:
+    name: str
+    at: datetime
+    attributes: dict
+
+
+@dataclass
 class Span:
     key: str  # unique in the turn, the same in every process (the exporter's span id)
     name: str
@@ -60,6 +67,7 @@ class Span:
     error: str = ""  # error.type, when it failed
     children: list[Span] = field(default_factory=list)
     links: list[str] = field(default_factory=list)  # keys of the spans this one follows
+    events: list[SpanEvent] = field(default_factory=list)
 
     def walk(self, depth: int = 0):
         yield depth, self
@@ -249,8 +257,8 @@ class _Records:
                     attributes=attributes | {"gen_ai.tool.name": row.skill, "gen_ai.tool.call.id": row.tool_call_id,
                                              "assistant.skill.status": row.status},
                     error=str(kind) if failed else "")
-        span.children = [self.guardrail(a, row) for a in self._approvals_of(row)]
-        span.children += [self.execution(child, self.common | {"gen_ai.operation.name": "execute_tool",
+        span.events = [self.guardrail(a) for a in self._approvals_of(row)]
+        span.children = [self.execution(child, self.common | {"gen_ai.operation.name": "execute_tool",
                                                                "gen_ai.tool.type": "function"})
                           for child in self.executions if child.parent_id == row.pk]
         return span
@@ -260,20 +268,27 @@ class _Records:
         ids = {clearance.get("approval_id"), (clearance.get("in_doubt") or {}).get("approval_id")}
         return [a for a in self.approvals.values() if a.pk in ids or (a.in_doubt and a.execution_id == row.pk)]
 
-    def guardrail(self, approval: SkillApproval, row: SkillExecution) -> Span:
-        """The owner's verdict, at the moment it was given (still pending: when it was
-        asked): the wait for it is the pause between two runs, in no span, and the call
-        it cleared runs after it, in the next run."""
-        asked = approval.decided_at or approval.created_at
-        attributes = self.common | {
-            "gen_ai.operation.name": "run_guardrail", "gen_ai.guardrail.name": f"owner {approval.kind}",
-            "gen_ai.guardrail.decision": approval.decision or "pending", "gen_ai.tool.name": approval.skill,
-            "assistant.approval.reasons": list(approval.reasons or []),
+    def guardrail(self, approval: SkillApproval) -> SpanEvent:
+        """The owner's verdict on the call, as the conventions' `gen_ai.guardrail.result`
+        event of a dedicated in-process guardrail, at the moment it was given (still
+        pending: when it was asked): the wait for it is the pause between two runs, in no
+        span, and the call it cleared runs after it, in the next run. Why it asked (the
+        policy's words name recipients) only with content capture on."""
+        attributes = {
+            "gen_ai.guardrail.component.name": "owner approval" if not approval.in_doubt else "owner, call in doubt",
+            # what made it ask: outside content had reached the call, or the skill's policy
+            "gen_ai.guardrail.policy.id": "outside-content" if approval.outside else "skill-policy",
+            "gen_ai.guardrail.source": "tool_input",
+            "gen_ai.guardrail.result.type": "decision",
+            "gen_ai.guardrail.result.value": approval.decision or "pending",
+            "gen_ai.tool.name": approval.skill,
+            "assistant.approval.id": approval.pk,
+            "assistant.approval.asked_at": approval.created_at.isoformat(),
         }
-        attributes["assistant.approval.asked_at"] = approval.created_at.isoformat()
-        return Span(key=f"approval-{approval.pk}",
-                    name="run_guardrail approval" if not approval.in_doubt else "run_guardrail in_doubt",
-                    start=asked, end=asked, attributes=attributes)
+        if capture_content():
+            attributes["gen_ai.guardrail.result.reason"] = "; ".join(approval.reasons or [])
+        return SpanEvent(name="gen_ai.guardrail.result", at=approval.decided_at or approval.created_at,
+                         attributes=attributes)
 
     # --- agents: one span per piece (cut by the turn's pauses and by redeliveries) -----------
 
@@ -359,11 +374,12 @@ def span_lines(roots: list[Span]) -> list[str]:
             extra.append(f"in {attributes['gen_ai.usage.input_tokens']} out {attributes['gen_ai.usage.output_tokens']}")
         if attributes.get("gen_ai.tool.call.id"):
             extra.append(f"call {attributes['gen_ai.tool.call.id']}")
-        if attributes.get("gen_ai.guardrail.decision"):
-            extra.append(attributes["gen_ai.guardrail.decision"])
         if span.error:
             extra.append(f"error.type={span.error}")
         if span.links:
             extra.append(f"follows {', '.join(span.links)}")
         lines.append(f"{'  ' * depth}{span.name}  {took:.3f} s" + (f"  ({', '.join(extra)})" if extra else ""))
+        for event in span.events:
+            lines.append(f"{'  ' * (depth + 1)}· {event.name}: {event.attributes.get('gen_ai.guardrail.result.value')}"
+                         f" ({event.attributes.get('gen_ai.guardrail.component.name')})")
     return lines

@@ -79,11 +79,15 @@ def test_the_tree_nests_every_agent_model_call_skill_call_and_approval(answered_
     (search,) = [s for s in agents["a"][1].children if s.name == "execute_tool tasks.search"]
     assert (search.attributes["gen_ai.tool.name"], search.attributes["gen_ai.tool.type"]) == ("tasks.search", "function")
     (send,) = by_name(runs[1])["execute_tool email.send"]
-    (guardrail,) = send.children
-    assert guardrail.name == "run_guardrail approval"
-    assert guardrail.attributes["gen_ai.guardrail.decision"] == "approved"
-    assert guardrail.start == guardrail.end, "the owner's wait is in no span"
-    assert guardrail.start <= send.start, "the verdict comes before the call it cleared"
+    # The owner's verdict: a gen_ai.guardrail.result event on the call it cleared (the
+    # conventions' form for a dedicated in-process guardrail), not a span: their wait is in none.
+    (verdict,) = send.events
+    assert verdict.name == "gen_ai.guardrail.result"
+    assert (verdict.attributes["gen_ai.guardrail.result.type"], verdict.attributes["gen_ai.guardrail.result.value"],
+            verdict.attributes["gen_ai.guardrail.source"]) == ("decision", "approved", "tool_input")
+    assert "gen_ai.guardrail.result.reason" not in verdict.attributes, "it names a recipient: content capture only"
+    assert verdict.at <= send.start, "the verdict comes before the call it cleared"
+    assert not any(s.name.startswith(("run_guardrail", "apply_guardrail")) for run in runs for _, s in run.walk())
     every = [span for run in runs for _, span in run.walk()]
     assert all(s.attributes["gen_ai.conversation.id"] == str(answered_turn.conversation_id) for s in every)
     assert not any(s.error for s in every)
@@ -235,8 +239,11 @@ def test_the_otlp_http_exporter_delivers_the_trace_to_a_receiver(answered_turn, 
     finally:
         receiver.close()
     assert receiver.paths() == {"/v1/traces"}
-    assert {"invoke_workflow", "invoke_agent orchestrator", "invoke_agent mailer", "execute_tool email.send",
-            "run_guardrail approval"} <= {span.name for span in receiver.spans()}
+    spans = receiver.spans()
+    assert {"invoke_workflow", "invoke_agent orchestrator", "invoke_agent mailer",
+            "execute_tool email.send"} <= {span.name for span in spans}
+    (send,) = [span for span in spans if span.name == "execute_tool email.send"]
+    assert [event.name for event in send.events] == ["gen_ai.guardrail.result"]
 
 
 def test_manage_py_traces_prints_the_tree(answered_turn):
@@ -246,7 +253,7 @@ def test_manage_py_traces_prints_the_tree(answered_turn):
     assert lines[0].startswith("invoke_workflow  ")
     assert lines[1].startswith("  invoke_agent orchestrator  ")
     assert any(line.startswith("      invoke_agent mailer  ") for line in lines)
-    assert any("run_guardrail approval" in line and "approved" in line for line in lines)
+    assert any("· gen_ai.guardrail.result: approved (owner approval)" in line for line in lines)
     with pytest.raises(CommandError, match="No turn 999999"):
         call_command("traces", "999999")
 
