@@ -22,10 +22,11 @@ class SkillRuleForm(forms.Form):
         required=False, min_value=1, max_value=MAX_RULE_DAYS, label="For how many days",
         help_text="Blank: until you revoke it.")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, owner=None, **kwargs):
         super().__init__(*args, **kwargs)
-        # read each time: the registry may gain a domain (DOMAINS is a plain dict)
-        self.fields["skill"].choices = [(name, name) for name in skill_names(read_only=False)]
+        self.owner = owner
+        # read each time: the registry may gain a domain, the owner an MCP server
+        self.fields["skill"].choices = [(name, name) for name in skill_names(read_only=False, user=owner)]
 
     def clean_recipient_domain(self) -> str:
         domain = self.cleaned_data["recipient_domain"]
@@ -34,7 +35,7 @@ class SkillRuleForm(forms.Form):
     def clean(self):
         cleaned = super().clean()
         name, domain = cleaned.get("skill"), cleaned.get("recipient_domain")
-        if name and domain and not ruled_skill(name).sends:
+        if name and domain and not ruled_skill(name, self.owner).sends:
             self.add_error("recipient_domain", f"{name} sends nothing: leave this blank.")
         return cleaned
 

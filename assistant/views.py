@@ -263,7 +263,7 @@ APPROVALS_PAGE = "approvals/page.html"
 
 def _approvals_context(user, *, rule_form=None, allow_form=None) -> dict:
     return {**rules.policy_overview(user), **egress.egress_overview(user),
-            "rule_form": rule_form or SkillRuleForm(), "allow_form": allow_form or EgressAllowForm()}
+            "rule_form": rule_form or SkillRuleForm(owner=user), "allow_form": allow_form or EgressAllowForm()}
 
 
 def _approvals_answer(request, section: str, *, done: str = "", **forms):
@@ -290,7 +290,7 @@ def approval_rules(request):
 @require_POST
 @login_required
 def approval_rule_add(request):
-    form = SkillRuleForm(request.POST)
+    form = SkillRuleForm(request.POST, owner=request.user)
     if not form.is_valid():
         return _approvals_answer(request, "rules", rule_form=form)
     rule = rules.skill_rule_create(owner=request.user, **form.cleaned_data)

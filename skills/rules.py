@@ -23,10 +23,11 @@ MAX_RULE_DAYS = 365  # a longer rule is one the owner has forgotten
 HISTORY_SHOWN = 50  # ended rules listed on the page; "always allow" makes one a month
 
 
-def ruled_skill(name: str) -> Skill:
-    """The skill a rule may name: one that is not read-only (those never ask)."""
+def ruled_skill(name: str, owner=None) -> Skill:
+    """The skill a rule of `owner`'s may name: one of theirs (their MCP servers' tools
+    too) that is not read-only (those never ask)."""
     try:
-        skill = registry.get_skill(name)
+        skill = registry.get_skill(name, owner)
     except registry.UnknownSkill as exc:
         raise ValidationError(str(exc)) from None
     if skill.read_only:
@@ -39,7 +40,7 @@ def skill_rule_create(*, owner, skill: str, policy: str, recipient_domain: str =
     """The owner's rule for `skill`, from now; `days` None: until revoked. A recipient
     domain scopes it to messages whose every recipient is there, so only a skill that
     sends takes one."""
-    ruled = ruled_skill(skill)
+    ruled = ruled_skill(skill, owner)
     if policy not in Policy.values:
         raise ValidationError(f"A policy is one of {', '.join(Policy.values)}.")
     domain = plain_domain(recipient_domain) if recipient_domain else ""
@@ -68,13 +69,14 @@ def ended_rules(owner):
 
 
 def policy_overview(owner) -> dict:
-    """Every skill that is not read-only, with its default in words and the owner's live
-    rules for it; the live rules again, newest first, and the ended ones as history."""
+    """Every skill of the owner's that is not read-only (their MCP servers' tools too),
+    with its default in words and the owner's live rules for it; the live rules again,
+    newest first, and the ended ones as history."""
     live = list(live_rules(owner).order_by("-created_at", "-id"))
     skills = [
         {"skill": skill, "default": Policy(default_policy(skill)).label,
          "rules": [rule for rule in live if rule.skill == skill.name]}
-        for skill in registry.all_skills()
+        for skill in registry.all_skills(owner)
         if not skill.read_only
     ]
     return {"skills": skills, "live_rules": live, "ended_rules": list(ended_rules(owner)[:HISTORY_SHOWN])}

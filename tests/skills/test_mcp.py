@@ -331,3 +331,24 @@ def test_structured_content_past_its_bound_is_a_preview(alice):
         content=[TextContent(type="text", text=json.dumps(rows))], structured_content=rows))
     assert "text" not in data  # the same content once
     assert data["structured"]["truncated"] is True and data["structured"]["chars"] > STRUCTURED_CHARS
+
+
+def test_the_approvals_page_lists_an_mcp_servers_tools_and_takes_a_rule_for_one(alice, bob, client):
+    """The owner's policy page lists their servers' side-effecting tools with the default
+    (asks first) and a rule can name one; bob, whom the server is not for, cannot."""
+    from django.test import Client
+
+    from skills.models import SkillRule
+
+    stdio_server(everyone=False).users.add(alice)
+    client.force_login(alice)
+    page = client.get("/approvals/").content.decode()
+    assert "mcp.tools.create_ticket" in page and "mcp.tools.lookup" in page
+    response = client.post("/approvals/rules/", {"skill": "mcp.tools.create_ticket", "policy": "allow"})
+    assert response.status_code == 302
+    assert SkillRule.objects.get(owner=alice).skill == "mcp.tools.create_ticket"
+    bobs = Client()
+    bobs.force_login(bob)
+    assert "mcp.tools" not in bobs.get("/approvals/").content.decode()
+    response = bobs.post("/approvals/rules/", {"skill": "mcp.tools.create_ticket", "policy": "allow"})
+    assert response.status_code == 400 and not SkillRule.objects.filter(owner=bob).exists()
