@@ -71,14 +71,32 @@ def fork_request(turn: Turn, *, at: str, answer_text: str) -> Conversation:
     return conversation
 
 
+class ForkFailed(RuntimeError):
+    pass
+
+
 def fork_task(turn_id: int, at: str, response: dict, conversation_id: int) -> None:
-    """The queued fork, in a process of its own (see the module's docstring)."""
+    """The queued fork, in a process of its own (see the module's docstring). If it cannot
+    run, its conversation's title says why (the owner is looking at that conversation),
+    and the task fails with the reason (the admin's failed tasks)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json") as answer:
         json.dump(response, answer)
         answer.flush()
-        subprocess.run(  # nosec B603 - our own manage.py, no shell, arguments checked by fork_request
-            [sys.executable, str(settings.BASE_DIR / "manage.py"), "replay", str(turn_id), "--fork", at,
-             "--response", answer.name, "--into", str(conversation_id)], check=True, timeout=FORK_SECONDS)
+        try:
+            done = subprocess.run(  # nosec B603 - our own manage.py, no shell, arguments checked by fork_request
+                [sys.executable, str(settings.BASE_DIR / "manage.py"), "replay", str(turn_id), "--fork", at,
+                 "--response", answer.name, "--into", str(conversation_id)],
+                capture_output=True, text=True, timeout=FORK_SECONDS)
+        except subprocess.TimeoutExpired:
+            reason = f"it took longer than {FORK_SECONDS // 60} minutes"
+        else:
+            if done.returncode == 0:
+                return
+            lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+            reason = lines[-1] if lines else f"it ended with status {done.returncode}"
+    conversation = Conversation.objects.filter(pk=conversation_id)
+    conversation.update(title=f"Fork of turn {turn_id} at {at}: could not run ({reason})"[:200])
+    raise ForkFailed(f"fork of turn {turn_id} at {at}: {reason}")
 
 
 def fork_point(at: str, turn: Turn) -> tuple[str, int]:

@@ -227,3 +227,26 @@ def test_only_the_owner_may_fork_and_the_form_needs_its_token(plumber_turn, alic
     strict.force_login(alice)
     assert strict.post(fork_url(plumber_turn), {"at": "a:3", "answer": '{"content": "x"}'}).status_code == 403
     assert not plumber_turn.forks.exists() and Conversation.objects.filter(owner=alice).count() == 1
+
+
+def test_a_fork_that_cannot_run_says_why_in_its_conversation(plumber_turn, llm, alice, client, monkeypatch):
+    """Checked when asked, the fork's own process may still refuse (here: the turn was
+    resumed meanwhile): the owner, looking at the new conversation, reads why."""
+    from orchestration.replay import forking
+    from tests.support.processes import database_url
+
+    queued = []
+    monkeypatch.setattr(forking, "async_task", lambda *args: queued.append(args))
+    monkeypatch.setenv("DATABASE_URL", database_url())
+    client.force_login(alice)
+    response = client.post(fork_url(plumber_turn), {"at": "a:3", "answer": '{"content": "x", "tool_calls": []}'})
+    fork = Conversation.objects.get(owner=alice, title__startswith="Fork of")
+    assert response.url == f"/conversations/{fork.pk}/"
+    type(plumber_turn).objects.filter(pk=plumber_turn.pk).update(status="running")
+    (task,) = queued
+    with pytest.raises(forking.ForkFailed, match="has not ended"):
+        forking.fork_task(*task[1:])
+    fork.refresh_from_db()
+    assert fork.title == (f"Fork of turn {plumber_turn.pk} at a:3: could not run "
+                          f"(CommandError: Turn {plumber_turn.pk} has not ended (running): replay an ended turn.)")
+    assert not fork.turns.exists()
