@@ -10,10 +10,10 @@ gets its stored result (nothing is done twice). The new turn keeps its origin
 (Turn.forked_from, forked_at), which its audit shows. It runs inline, in this process:
 the engine's model and skill lookup are replaced process-wide while it runs.
 
-`fork_request` is the audit page's way in (owner or staff): it checks the point and the
+`fork_request` is the audit page's way in (the owner's): it checks the point and the
 answer, makes the new conversation, and queues `fork_task`, which runs the fork as
 `manage.py replay --fork` in a process of its own, never inside a worker that runs
-other turns.
+other turns; it is ended before django-q2's task timeout would end the worker.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from orchestration.replay.inline import engine_with
 from orchestration.replay.recording import answer_for, recorded_results, recording_of
 
 MAX_ANSWER_CHARS = 64_000
-FORK_SECONDS = 900  # a fork's own process is ended after this long
 
 
 class ForkPointUnknown(ValueError):
@@ -79,6 +78,7 @@ def fork_task(turn_id: int, at: str, response: dict, conversation_id: int) -> No
     """The queued fork, in a process of its own (see the module's docstring). If it cannot
     run, its conversation's title says why (the owner is looking at that conversation),
     and the task fails with the reason (the admin's failed tasks)."""
+    seconds = max(1, settings.Q_CLUSTER["timeout"] - 30)  # before django-q2 would kill this worker
     with tempfile.NamedTemporaryFile("w", suffix=".json") as answer:
         json.dump(response, answer)
         answer.flush()
@@ -86,9 +86,9 @@ def fork_task(turn_id: int, at: str, response: dict, conversation_id: int) -> No
             done = subprocess.run(  # nosec B603 - our own manage.py, no shell, arguments checked by fork_request
                 [sys.executable, str(settings.BASE_DIR / "manage.py"), "replay", str(turn_id), "--fork", at,
                  "--response", answer.name, "--into", str(conversation_id)],
-                capture_output=True, text=True, timeout=FORK_SECONDS)
+                capture_output=True, text=True, timeout=seconds)
         except subprocess.TimeoutExpired:
-            reason = f"it took longer than {FORK_SECONDS // 60} minutes"
+            reason = f"it took longer than {seconds} seconds"
         else:
             if done.returncode == 0:
                 return
