@@ -29,7 +29,7 @@ from django.db import transaction
 from django_q.tasks import async_task
 
 from orchestration.llm import LLMResponse, get_provider
-from orchestration.models import Conversation, Turn
+from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Turn
 from orchestration.replay.inline import engine_with
 from orchestration.replay.recording import answer_for, recorded_results, recording_of
 
@@ -53,7 +53,7 @@ def fork_points(turn: Turn) -> list[dict]:
 def fork_request(turn: Turn, *, at: str, answer_text: str) -> Conversation:
     """Check the point and the answer (ForkPointUnknown or ValueError says what is wrong),
     make the fork's conversation, and queue the fork once this commits."""
-    if turn.status in ("running", "waiting", "paused"):
+    if turn.status in ACTIVE_TURN_STATUSES:
         raise ValueError(f"Turn {turn.pk} has not ended: fork an ended turn.")
     fork_point(at, turn)
     if len(answer_text) > MAX_ANSWER_CHARS:

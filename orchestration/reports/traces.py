@@ -83,7 +83,7 @@ def turn_trace(turn: Turn) -> list[Span]:
     """The turn's runs, each an `invoke_workflow` root (six queries, whatever its size).
     A paused turn's last run ended at the pause; a running turn's runs up to now."""
     records = _Records(turn)
-    runs = records.runs()
+    runs = records.runs
     return [records.run(number, start, end, ended_by, last=number == len(runs) - 1)
             for number, (start, end, ended_by) in enumerate(runs)]
 
@@ -109,10 +109,11 @@ class _Records:
         self.tool_calls = {(call.dispatch_id, str(tool_call.get("id") or "")): _asked(call) for call in self.calls
                            for tool_call in (call.response or {}).get("tool_calls") or []}
         self._pieces: dict[int, list[tuple[datetime, datetime]]] = {}
+        self.runs = self._runs()  # (start, end, how it ended), read by every agent's pieces
 
     # --- runs: the turn between its start or a resume and a pause or its end ----------------
 
-    def runs(self) -> list[tuple[datetime, datetime, str]]:
+    def _runs(self) -> list[tuple[datetime, datetime, str]]:
         runs, started = [], self.turn.started_at
         for _, type_, at, _, _ in self.marks:
             if type_ == TURN_PAUSED and started is not None:
@@ -325,7 +326,7 @@ class _Records:
                     if born < at < died:
                         cuts.append(at)
             pieces = []
-            for lo, hi, _ in self.runs():
+            for lo, hi, _ in self.runs:
                 edges = [max(lo, born)] + [c for c in cuts if lo < c < hi] + [min(hi, died)]
                 pieces += [(a, b) for a, b in zip(edges, edges[1:]) if a < b or (a == b == born)]
             self._pieces[dispatch.pk] = pieces or [(born, died)]

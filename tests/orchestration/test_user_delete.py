@@ -144,7 +144,6 @@ def test_a_worker_committing_mid_deletion_cannot_break_it(alice, monkeypatch):
     from django.db.models.deletion import Collector
 
     from orchestration.models import Message
-    from orchestration.reports.retention import user_delete
 
     turn = turn_for(conversation_for(alice))
     collected, outcome = threading.Event(), {}
@@ -171,15 +170,7 @@ def test_a_worker_committing_mid_deletion_cannot_break_it(alice, monkeypatch):
             worker_done.set()
             connection.close()
 
-    def superuser():
-        try:
-            outcome["deleted"] = user_delete(user=alice)
-        except Exception as exc:  # noqa: BLE001 - reported below, in the test's thread
-            outcome["error"] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker), threading.Thread(target=superuser)]
+    threads = [threading.Thread(target=worker), threading.Thread(target=deleting, args=(alice, outcome))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -197,7 +188,6 @@ def test_a_deletion_that_deadlocks_with_a_running_step_runs_again(alice):
     first, so its check runs first), and it runs again once the worker has committed,
     leaving nothing of hers."""
     from orchestration.lifecycle.dispatches import lock_turn
-    from orchestration.reports.retention import user_delete
 
     turn = turn_for(conversation_for(alice))
     holding, deletion_waits, outcome = threading.Event(), threading.Event(), {}
@@ -215,14 +205,6 @@ def test_a_deletion_that_deadlocks_with_a_running_step_runs_again(alice):
         finally:
             connection.close()
 
-    def superuser():
-        try:
-            outcome["deleted"] = user_delete(user=alice)
-        except Exception as exc:  # noqa: BLE001 - reported below, in the test's thread
-            outcome["error"] = exc
-        finally:
-            connection.close()
-
     def someone_waits_on_a_lock() -> bool:
         # From this thread's own connection, out of any transaction: a transaction sees
         # the activity view as it was when it first read it.
@@ -231,7 +213,8 @@ def test_a_deletion_that_deadlocks_with_a_running_step_runs_again(alice):
                            "AND wait_event_type = 'Lock'")
             return cursor.fetchone()[0] > 0
 
-    worker_thread, superuser_thread = threading.Thread(target=worker), threading.Thread(target=superuser)
+    worker_thread = threading.Thread(target=worker)
+    superuser_thread = threading.Thread(target=deleting, args=(alice, outcome))
     worker_thread.start()
     assert holding.wait(10)
     superuser_thread.start()
@@ -245,3 +228,16 @@ def test_a_deletion_that_deadlocks_with_a_running_step_runs_again(alice):
     assert "error" not in outcome, outcome["error"]
     assert outcome["worker"] == "committed"
     assert not Event.objects.exists() and not Turn.objects.exists() and not Conversation.objects.exists()
+
+
+def deleting(user, outcome: dict) -> None:
+    """A superuser's deletion of `user`, in a thread of its own: what it removed, or the
+    error, goes in `outcome` for the test's thread to check."""
+    from orchestration.reports.retention import user_delete
+
+    try:
+        outcome["deleted"] = user_delete(user=user)
+    except Exception as exc:  # noqa: BLE001 - reported in the test's thread
+        outcome["error"] = exc
+    finally:
+        connection.close()

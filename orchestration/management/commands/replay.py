@@ -15,7 +15,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from orchestration.models import Conversation, Turn
+from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Turn
 from orchestration.replay.forking import fork as fork_turn
 from orchestration.replay.recording import recording_of
 from orchestration.replay.replaying import replay
@@ -46,7 +46,7 @@ class Command(BaseCommand):
                 turn = Turn.objects.select_related("conversation__owner").get(pk=turn_id)
             except Turn.DoesNotExist:
                 raise CommandError(f"No turn {turn_id}.") from None
-            if turn.status in ("running", "waiting", "paused"):
+            if turn.status in ACTIVE_TURN_STATUSES:
                 raise CommandError(f"Turn {turn_id} has not ended ({turn.status}): replay an ended turn.")
             if fork:
                 self._fork(turn, fork, response, many=len(turns) > 1, into=into)
