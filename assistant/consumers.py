@@ -2,18 +2,21 @@
 
 Authenticate and check ownership in `connect` (anyone else is closed with 4403 before
 joining a group), refuse a socket over the per-user or per-conversation cap (4429), send
-what the page has not seen, then push whenever told to. Two things tell a socket to
-read: a group message (with Redis, a worker's event reaches daphne at once) and the
-conversation's one poller in this process (assistant/watch.py: without Redis the only
-way a worker's events arrive; with it, a slow safety net). An idle socket costs nothing
-between them.
+what the page has not seen, then push whenever told to. Two things bring a socket news:
+a group message, which carries the new events' rows and the answer draft (with Redis, a
+worker's event reaches daphne at once, and the socket renders it without reading the
+database), and the conversation's one poller in this process (assistant/watch.py:
+without Redis the only way a worker's events arrive; with it, a slow safety net), after
+which the socket reads the log from its cursor. An idle socket costs nothing between
+them.
 
 Under load (`make load`: 50 sockets, ~25 events a second on 2 cores) two things keep a
 socket cheap and the handshakes fast:
 
-- One delivery task per socket reads the log when told to. Being told only sets a flag,
-  and a socket reads at most once per ASSISTANT_PUSH_INTERVAL_SECONDS (the first event
-  after a quiet spell at once): a burst of events costs one read and one render.
+- One delivery task per socket pushes when told to. Being told only collects what the
+  message carried (or flags a read), and a socket pushes at most once per
+  ASSISTANT_PUSH_INTERVAL_SECONDS (the first event after a quiet spell at once): a burst
+  of events costs one push and one render.
 - The database work runs on the event loop's thread pool (assistant/pooled.py), not on
   the one thread that channels shares among every consumer by default.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -65,7 +69,10 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         except ValueError:
             last_id = 0
         self.wanted = asyncio.Event()
-        refused = socket_join(user_id=self.conversation.owner_id, conversation_id=conversation_id, wanted=self.wanted)
+        self.must_read = True  # the log, from the cursor: the first push is the catch-up
+        self.inbox: list[dict] = []  # event rows carried by group messages, not pushed yet
+        self.draft_in: str | None = None  # the newest answer draft a message carried
+        refused = socket_join(user_id=self.conversation.owner_id, conversation_id=conversation_id, wake=self.wake)
         if refused:
             logger.info("Socket refused for conversation %s: %s", conversation_id, refused)
             await self.accept()
@@ -87,7 +94,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
     def _leave(self) -> None:
         if getattr(self, "joined", False):
             self.joined = False
-            socket_leave(user_id=self.conversation.owner_id, conversation_id=self.conversation.pk, wanted=self.wanted)
+            socket_leave(user_id=self.conversation.owner_id, conversation_id=self.conversation.pk, wake=self.wake)
 
     async def disconnect(self, code):
         if getattr(self, "deliverer", None):
@@ -101,18 +108,31 @@ class ConversationConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         """Server → browser only: changes are htmx POSTs with CSRF, not socket messages."""
 
+    def wake(self) -> None:
+        """Something changed that no message told of: read the log (and the draft)."""
+        self.must_read = True
+        self.wanted.set()
+
     async def event_created(self, message):
-        self.wanted.set()  # the delivery task reads the log; events meanwhile join that read
+        if "events" in message:
+            self.inbox.extend(message["events"])  # pushed by the delivery task with the rest
+            self.wanted.set()
+        else:  # too big to carry
+            self.wake()
 
     async def answer_streamed(self, message):
-        self.wanted.set()  # the same read sends the answer so far
+        if "draft" in message:
+            self.draft_in = message["draft"]
+            self.wanted.set()
+        else:
+            self.wake()
 
     async def deliver(self):
-        """Read the log when a group message or the conversation's watch asks, at most
-        once per push interval.
+        """Push what messages brought, or read the log when the watch or a message asks,
+        at most once per push interval.
 
-        The flag is cleared before each read, so an event announced during a read is
-        read next time; one announced before it is in this read (it committed first)."""
+        The flag is cleared before each push, so what arrives during one goes in the next;
+        an event announced before a read of the log is in that read (it committed first)."""
         loop = asyncio.get_running_loop()
         pushed_at = float("-inf")
         while True:
@@ -126,10 +146,12 @@ class ConversationConsumer(AsyncWebsocketConsumer):
             except Exception:  # e.g. the database restarting: read again after a pause
                 logger.warning("Could not push to conversation %s", self.conversation.pk, exc_info=True)
                 await asyncio.sleep(poll_interval())
-                self.wanted.set()
+                self.wake()
 
     async def push(self):
-        html = await _render_new(self.conversation, self.cursor)
+        news = News(read=self.must_read, rows=self.inbox, draft=self.draft_in)
+        self.must_read, self.inbox, self.draft_in = False, [], None
+        html = await _render_new(self.conversation, self.cursor, news)
         if html:
             await self.send(text_data=html)
         if self.cursor.owed_in is not None:  # busy panels held back: send them when due (one timer)
@@ -155,12 +177,29 @@ def _turn_running(conversation_id: int) -> bool:
     return turn_running(conversation_id)
 
 
+@dataclass(frozen=True)
+class News:
+    """What a push has to send: the rows and draft messages carried, and whether to read
+    the log (and the draft) from the cursor as well."""
+
+    read: bool
+    rows: list[dict]
+    draft: str | None
+
+
 @pooled
-def _render_new(conversation: Conversation, cursor: Cursor) -> str:
+def _render_new(conversation: Conversation, cursor: Cursor, news: News) -> str:
     """In the owner's time zone, as their pages are (no request here: no middleware).
     Read once per socket: the owner and their preferences stay cached on it."""
     with timezone.override(user_time_zone(conversation.owner)):
-        events = cursor.new_events(conversation.pk)
-        panels = cursor.panels_due(panels_for(events) if events else frozenset(), time.monotonic(),
-                                   turn_moved=turn_moved(events))
-        return render_events(conversation, events, panels) + render_draft(conversation, cursor)
+        events = cursor.received(news.rows)
+        try:
+            if news.read:
+                events = sorted(events + cursor.new_events(conversation.pk), key=lambda event: event.pk)
+            panels = cursor.panels_due(panels_for(events) if events else frozenset(), time.monotonic(),
+                                       turn_moved=turn_moved(events))
+            return (render_events(conversation, events, panels)
+                    + render_draft(conversation, cursor, text=news.draft, read=news.read))
+        except BaseException:
+            cursor.forget(events)
+            raise

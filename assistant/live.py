@@ -24,6 +24,7 @@ from django.utils import timezone
 from orchestration.llm.offline import EXAMPLE_REQUESTS
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
 from orchestration.records.catalogue import TURN_RESTS, TURN_RUNS
+from orchestration.records.events import event_from_carried
 from orchestration.reports import selectors
 from orchestration.reports.waterfall import turn_waterfall
 
@@ -90,7 +91,26 @@ class Cursor(_Seen):
         also moves the floor), whole rows only for what is new: during a busy turn every
         read would otherwise load again each event of the last SETTLE_SECONDS."""
         new_ids = [pk for (pk,) in self.unseen(conversation_id)]
-        events = list(Event.objects.for_timeline().filter(pk__in=new_ids).order_by("id")) if new_ids else []
+        try:
+            events = list(Event.objects.for_timeline().filter(pk__in=new_ids).order_by("id")) if new_ids else []
+        except BaseException:
+            self.sent.difference_update(new_ids)
+            raise
+        return self._follow(events)
+
+    def received(self, rows: list[dict]) -> list[Event]:
+        """The events of group messages' rows (`event_carried`) not sent yet, in id order:
+        no database. The floor moves at the next read of the log (`new_events`)."""
+        events = sorted((event_from_carried(row) for row in rows
+                         if row["id"] > self.floor and row["id"] not in self.sent), key=lambda event: event.pk)
+        self.sent.update(event.pk for event in events)
+        return self._follow(events)
+
+    def forget(self, events: list[Event]) -> None:
+        """`events` did not reach the page (the push failed): the next read sends them."""
+        self.sent.difference_update(event.pk for event in events)
+
+    def _follow(self, events: list[Event]) -> list[Event]:
         for event in events:
             if event.type in TURN_RUNS or event.type in TURN_RESTS:
                 self.turn_running = event.type in TURN_RUNS
@@ -136,26 +156,27 @@ def turn_running(conversation_id: int) -> bool:
     return Turn.objects.filter(conversation_id=conversation_id, status__in=ACTIVE_TURN_STATUSES).exists()
 
 
-def render_draft(conversation: Conversation, cursor: Cursor) -> str:
-    """The running turn's answer so far, if it changed since the socket last sent it.
+def render_draft(conversation: Conversation, cursor: Cursor, *, text: str | None = None, read: bool = True) -> str:
+    """The running turn's answer so far, if it changed since the socket last sent it:
+    `text` as a group message carried it, or else, with `read`, as stored.
 
-    Read only while a turn runs (one light query); rendered through the same markdown
-    and sanitiser as the stored answer, into the placeholder the messages panel keeps
-    for it while the turn runs."""
+    Only while a turn runs (the read is one light query); rendered through the same
+    markdown and sanitiser as the stored answer, into the placeholder the messages panel
+    keeps for it while the turn runs."""
     if not cursor.turn_running:
         return ""
-    draft = (Turn.objects.filter(conversation_id=conversation.pk, status=TurnStatus.RUNNING)
-             .values_list("answer_draft", flat=True).first())
-    if draft is None:
-        # No turn runs now (it ended, paused or waits on agents since this socket read its
-        # events): the panels just rendered may hold no placeholder, and a draft pushed at
-        # none is an htmx:oobErrorNoTarget. The panels show the turn's state already.
+    if text is None and read:
+        text = (Turn.objects.filter(conversation_id=conversation.pk, status=TurnStatus.RUNNING)
+                .values_list("answer_draft", flat=True).first())
+        if text is None:
+            # No turn runs now (it ended, paused or waits on agents since this socket read
+            # its events): the panels just rendered may hold no placeholder, and a draft
+            # pushed at none is an htmx:oobErrorNoTarget. The panels show the turn's state.
+            return ""
+    if text is None or text == cursor.draft:
         return ""
-    draft = draft or ""
-    if draft == cursor.draft:
-        return ""
-    cursor.draft = draft
-    return render_to_string("conversations/draft.html", {"draft": draft, "draft_oob": True})
+    cursor.draft = text
+    return render_to_string("conversations/draft.html", {"draft": text, "draft_oob": True})
 
 
 def replay_floor(conversation_id: int, shown_up_to: int, *, read_at: datetime | None = None) -> int:

@@ -5,11 +5,11 @@ must read it often. Each socket used to poll it itself every 0.25 s: 600 idle so
 from one user held daphne at 80–90 % of a core. Now the first socket on a conversation
 starts one `Watch`; it reads the log every `ASSISTANT_SOCKET_POLL_SECONDS` with one light
 query (`live.Probe`) and, only when something changed, wakes every socket on the
-conversation; the last socket to leave stops it. Each socket still reads and sends from
-its own cursor (`live.Cursor`) when woken, so a socket replays from its own last event
+conversation; the last socket to leave stops it. Each socket then reads and sends from
+its own cursor (`live.Cursor`), so a socket replays from its own last event
 id on connect and reconnect and nothing is missed or sent twice (DESIGN.md §8). With
-Redis the group message wakes the sockets straight away and the same watch is the slow
-safety net — per conversation, not per socket.
+Redis the group message brings the events to the sockets straight away and the same
+watch is the slow safety net — per conversation, not per socket.
 
 The same registry counts the sockets this process holds per user and per conversation,
 so one more than `ASSISTANT_SOCKETS_PER_USER` / `_PER_CONVERSATION` is refused (the
@@ -27,6 +27,7 @@ import asyncio
 import logging
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -44,10 +45,10 @@ def poll_interval() -> float:
 
 @dataclass(eq=False)
 class Watch:
-    """A conversation's poller and the sockets it wakes (their `asyncio.Event`s)."""
+    """A conversation's poller and the sockets it wakes (each socket's `wake`: read the log)."""
 
     conversation_id: int
-    sockets: set[asyncio.Event] = field(default_factory=set)
+    sockets: set[Callable[[], None]] = field(default_factory=set)
     task: asyncio.Task | None = None
 
     async def run(self) -> None:
@@ -61,8 +62,8 @@ class Watch:
                 probe.first = True
                 changed = False
             if changed:
-                for wanted in self.sockets:
-                    wanted.set()
+                for wake in self.sockets:
+                    wake()
             await asyncio.sleep(interval)
 
 
@@ -82,7 +83,7 @@ def registry() -> Registry:
     return _registries[loop]
 
 
-def socket_join(*, user_id: int, conversation_id: int, wanted: asyncio.Event) -> str | None:
+def socket_join(*, user_id: int, conversation_id: int, wake: Callable[[], None]) -> str | None:
     """Count the socket in and have the conversation's watch wake it (starting the watch
     if it is the first); or, over a cap, count nothing and say which cap it hit."""
     reg = registry()
@@ -94,18 +95,18 @@ def socket_join(*, user_id: int, conversation_id: int, wanted: asyncio.Event) ->
     if watch is None:
         watch = reg.watches[conversation_id] = Watch(conversation_id)
         watch.task = asyncio.create_task(watch.run(), name=f"watch-conversation-{conversation_id}")
-    watch.sockets.add(wanted)
+    watch.sockets.add(wake)
     reg.per_user[user_id] += 1
     return None
 
 
-def socket_leave(*, user_id: int, conversation_id: int, wanted: asyncio.Event) -> None:
+def socket_leave(*, user_id: int, conversation_id: int, wake: Callable[[], None]) -> None:
     """Count the socket out; the last one out stops the conversation's watch."""
     reg = registry()
     watch = reg.watches.get(conversation_id)
-    if watch is None or wanted not in watch.sockets:
+    if watch is None or wake not in watch.sockets:
         return
-    watch.sockets.discard(wanted)
+    watch.sockets.discard(wake)
     reg.per_user[user_id] -= 1
     if reg.per_user[user_id] <= 0:
         del reg.per_user[user_id]

@@ -8,6 +8,7 @@ The rest of the socket's behaviour (auth, replay, order) is in tests/web/test_co
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -20,7 +21,7 @@ from django.db import transaction
 from assistant import live, watch
 from assistant.consumers import FORBIDDEN
 from orchestration.models import Event
-from orchestration.records.events import event_record
+from orchestration.records.events import MAX_CARRIED_CHARS, event_record
 from tests.factories import conversation_for, turn_for
 from tests.sockets import EVENT_ID, communicator
 
@@ -40,37 +41,93 @@ def started(alice):
     return conversation, turn, first
 
 
-async def test_a_burst_of_events_is_read_a_few_times_not_once_per_event(started, alice, monkeypatch):
-    conversation, turn, first = started
+def counted_reads(monkeypatch) -> list[int]:
+    """The socket's reads of the log, each as the number of events it found."""
     reads = []
     new_events = live.Cursor.new_events
 
-    def counted(cursor, conversation_id):  # a slow read, as on a busy machine
+    def counted(cursor, conversation_id):
         events = new_events(cursor, conversation_id)
         reads.append(len(events))
-        time.sleep(0.1)
         return events
 
+    async def asleep(self):  # no watch: the messages' pushes only
+        await asyncio.Event().wait()
+
     monkeypatch.setattr(live.Cursor, "new_events", counted)
-    monkeypatch.setattr(watch, "poll_interval", lambda: 60.0)  # count the announcements' reads only
+    monkeypatch.setattr(watch.Watch, "run", asleep)
+    return reads
+
+
+async def received_ids(comm, expected: list[int]) -> list[int]:
+    seen: list[int] = []
+    while set(seen) != set(expected):
+        seen += [int(i) for i in EVENT_ID.findall(await comm.receive_from(timeout=PUSH_WAIT))]
+    return seen
+
+
+async def test_a_burst_of_events_reaches_the_socket_without_reading_the_log(started, alice, monkeypatch):
+    """The group message carries the events' rows: a busy turn's pushes read nothing
+    (the reads were a third of daphne's CPU and much of PostgreSQL's under load)."""
+    conversation, turn, first = started
+    reads = counted_reads(monkeypatch)
     comm = communicator(conversation.pk, alice, last=first.pk)
     assert (await comm.connect())[0]
     await comm.receive_from()  # `first` again: it has not settled (assistant/live.py resume_floor)
+    assert reads == [1]  # the catch-up reads the log
     assert await comm.receive_nothing(timeout=0.3)
-    reads.clear()
 
     def burst() -> list[int]:
-        with transaction.atomic():  # 20 events, announced one after another on commit
+        with transaction.atomic():  # 20 events, announced in one message on commit
             return [event_record(type="orchestrator.llm_call", turn=turn, summary=f"call {i}").pk for i in range(20)]
 
     created = await database_sync_to_async(burst)()
-    seen: list[int] = []
-    while set(seen) != set(created):
-        seen += [int(i) for i in EVENT_ID.findall(await comm.receive_from(timeout=PUSH_WAIT))]
-    assert sorted(seen) == created  # each exactly once
+    assert sorted(await received_ids(comm, created)) == created  # each exactly once
     assert await comm.receive_nothing(timeout=1.0)
-    # the first announcement's read finds all 20; the other 19 arrive during it: one more
-    assert reads[0] == 20 and len(reads) <= 2, reads
+    assert reads == [1]  # the message brought them
+    await comm.disconnect()
+
+
+async def test_events_too_big_to_carry_are_read_from_the_log(started, alice, monkeypatch):
+    conversation, turn, first = started
+    reads = counted_reads(monkeypatch)
+    comm = communicator(conversation.pk, alice, last=first.pk)
+    assert (await comm.connect())[0]
+    await comm.receive_from()
+    big = await database_sync_to_async(event_record)(
+        type="skill.started", turn=turn, summary="a long email", payload={"body": "x" * (MAX_CARRIED_CHARS + 1)})
+    assert await received_ids(comm, [big.pk]) == [big.pk]
+    assert reads == [1, 1]
+    await comm.disconnect()
+
+
+async def test_an_event_rolled_back_with_its_savepoint_never_reaches_the_page(started, alice, monkeypatch):
+    """One message per transaction carries the events of one savepoint depth: the rows of
+    a savepoint that rolled back go with it, those of the rest of the transaction stay."""
+    conversation, turn, first = started
+    counted_reads(monkeypatch)
+    comm = communicator(conversation.pk, alice, last=first.pk)
+    assert (await comm.connect())[0]
+    await comm.receive_from()
+
+    def mixed() -> list[int]:
+        with transaction.atomic():
+            kept = [event_record(type="orchestrator.llm_call", turn=turn, summary="before").pk]
+            try:
+                with transaction.atomic():
+                    event_record(type="skill.started", turn=turn, summary="undone")
+                    raise RuntimeError
+            except RuntimeError:
+                pass
+            kept.append(event_record(type="orchestrator.llm_call", turn=turn, summary="after").pk)
+        return kept
+
+    kept = await database_sync_to_async(mixed)()
+    html = ""
+    while not all(f'id="event-{pk}"' in html for pk in kept):
+        html += await comm.receive_from(timeout=PUSH_WAIT)
+    assert await comm.receive_nothing(timeout=0.5)
+    assert "undone" not in html and "after" in html  # (SQLite gives "after" the undone one's id)
     await comm.disconnect()
 
 
@@ -175,6 +232,25 @@ async def test_the_socket_pushes_the_answer_as_it_streams_and_stops_when_the_tur
     html = await comm.receive_from(timeout=PUSH_WAIT)
     assert "Bob has the list." in html and 'id="answer-draft"' not in html  # the message replaced it
     assert await comm.receive_nothing(timeout=0.6)  # polls read no draft once the turn is over
+    await comm.disconnect()
+
+
+async def test_the_draft_arrives_in_its_message_unless_too_long(started, alice, monkeypatch):
+    from orchestration.lifecycle.turns import MAX_CARRIED_DRAFT_CHARS
+
+    conversation, turn, first = started
+    reads = counted_reads(monkeypatch)
+    comm = communicator(conversation.pk, alice, last=first.pk)
+    assert (await comm.connect())[0]
+    await comm.receive_from()
+    await database_sync_to_async(save_draft)(turn, "Bob has")
+    assert "Bob has" in await next_draft(comm)
+    assert reads == [1]  # the message carried the draft
+
+    long = "word " * (MAX_CARRIED_DRAFT_CHARS // 5) + "the end"
+    await database_sync_to_async(save_draft)(turn, long)
+    assert "the end" in await next_draft(comm)
+    assert reads == [1, 0]  # announced without it: the socket read the log and the draft
     await comm.disconnect()
 
 

@@ -97,6 +97,7 @@ _BUSY = "A turn is still running in this conversation. Wait for its answer, or s
 
 
 MAX_DRAFT_CHARS = 100_000
+MAX_CARRIED_DRAFT_CHARS = 32_000  # a longer draft is announced without it: the pages read it
 
 
 def turn_draft_save(*, turn: Turn, token: str, text: str) -> None:
@@ -106,11 +107,16 @@ def turn_draft_save(*, turn: Turn, token: str, text: str) -> None:
     draft only shows progress (a reload shows it too). Written only while this worker
     holds the turn, so a stopped or taken-over turn shows no stale text; and it renews
     the lease, since text arriving is proof the call is alive (a long answer can take
-    longer to write than a lease lasts)."""
+    longer to write than a lease lasts). The message carries the draft, so an open page
+    does not read it back."""
+    text = text[:MAX_DRAFT_CHARS]
     if Turn.objects.filter(pk=turn.pk, lease_token=token, status=TurnStatus.RUNNING).update(
-        answer_draft=text[:MAX_DRAFT_CHARS], lease_expires_at=lease_until()
+        answer_draft=text, lease_expires_at=lease_until()
     ):
-        group_notify(turn.conversation_id, {"type": "answer.streamed", "turn_id": turn.pk})
+        message = {"type": "answer.streamed", "turn_id": turn.pk}
+        if len(text) <= MAX_CARRIED_DRAFT_CHARS:
+            message["draft"] = text
+        group_notify(turn.conversation_id, message)
 
 
 def _finish(turn_id: int, token: str | None, *, status: str, error: str = "") -> Turn | None:

@@ -4,11 +4,18 @@ An event is written in the caller's transaction and published to the conversatio
 Channels group only after that transaction commits, once however many of the
 conversation's events it wrote: a page never sees a fact that was rolled back. Delivery
 is at most once; the page replays from the table to fill gaps.
+
+The message carries the events themselves (`event_carried`): a socket renders their rows
+from it without reading the log, which was a third of daphne's CPU and much of
+PostgreSQL's under load. The log stays the truth: a socket reads it when it connects,
+when a message carries no rows (too big), and when its conversation's watch sees
+something it was not told of (assistant/watch.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -16,6 +23,7 @@ import threading
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
+from django.utils.dateparse import parse_datetime
 
 from orchestration.models import AgentDispatch, Conversation, Event, Turn
 
@@ -30,7 +38,7 @@ def event_record(**fields) -> Event:
     """Save one event (`event_new`'s fields) in the caller's transaction."""
     event = event_new(**fields)
     event.save(force_insert=True)
-    _publish_after_commit(event)
+    _publish_after_commit([event])
     return event
 
 
@@ -54,40 +62,86 @@ def event_new(
 
 
 def events_record(events: list[Event]) -> list[Event]:
-    """Save `events` of one conversation in one INSERT, published once after the commit
-    (a page reads every event it has not seen when told)."""
+    """Save `events` of one conversation in one INSERT, published once after the commit."""
     if not events:
         return []
     Event.objects.bulk_create(events)
-    _publish_after_commit(events[-1])
+    _publish_after_commit(events)
     return events
 
 
-def _publish_after_commit(event: Event) -> None:
-    """Publish once the transaction commits, once for all the conversation's events in
-    it: a page reads every event it has not seen when told, so one message does."""
+def _publish_after_commit(events: list[Event]) -> None:
+    """Publish once the transaction commits, in one message for all the conversation's
+    events written at the same savepoint depth: a rolled-back savepoint drops its own
+    message (Django drops the callbacks registered inside it), never another's rows."""
+    conversation_id = events[0].conversation_id
     connection = transaction.get_connection()
-    if connection.in_atomic_block and any(
-            getattr(func, "publishes", None) == event.conversation_id for _, func, _ in connection.run_on_commit):
-        return
+    if connection.in_atomic_block:
+        depth = set(connection.savepoint_ids)
+        for sids, func, _ in connection.run_on_commit:
+            if getattr(func, "publishes", None) == conversation_id and sids == depth:
+                func.events.extend(events)
+                return
 
     def publish():
-        event_publish(event)
+        events_publish(conversation_id, publish.events)
 
-    publish.publishes = event.conversation_id
+    publish.publishes = conversation_id
+    publish.events = list(events)
     transaction.on_commit(publish)
+
+
+# What a message carries at most; a bigger batch (a skill's long arguments in a payload)
+# is announced without its rows, and the sockets read it from the log.
+MAX_CARRIED_CHARS = 32_000
+
+
+def event_carried(event: Event) -> dict | None:
+    """What a socket needs to render `event`'s row without the database, or None if that
+    is not at hand (the row names its agent: the dispatch must be loaded already)."""
+    if event.pk is None or event.created_at is None:
+        return None
+    agent_id = None
+    if event.dispatch_id is not None:
+        if not Event.dispatch.is_cached(event):
+            return None
+        agent_id = event.dispatch.agent_id
+    return {"id": event.pk, "conversation_id": event.conversation_id, "turn_id": event.turn_id,
+            "dispatch_id": event.dispatch_id, "agent_id": agent_id, "type": event.type,
+            "summary": event.summary, "payload": event.payload, "created_at": event.created_at.isoformat()}
+
+
+def event_from_carried(row: dict) -> Event:
+    """The unsaved `Event` a socket renders from a message's row (`event_carried`)."""
+    event = Event(id=row["id"], conversation_id=row["conversation_id"], turn_id=row["turn_id"],
+                  dispatch_id=row["dispatch_id"], type=row["type"], summary=row["summary"],
+                  payload=row["payload"], created_at=parse_datetime(row["created_at"]))
+    if row["dispatch_id"] is not None:
+        event.dispatch = AgentDispatch(pk=row["dispatch_id"], agent_id=row["agent_id"])
+    return event
+
+
+def _carried_rows(events: list[Event]) -> list[dict] | None:
+    rows = [event_carried(event) for event in events]
+    if None in rows or len(json.dumps(rows)) > MAX_CARRIED_CHARS:  # payloads are JSON: they were saved
+        return None
+    return rows
 
 
 PUBLISH_TIMEOUT_SECONDS = 5.0
 
 
-def event_publish(event: Event) -> None:
-    group_notify(event.conversation_id, {"type": "event.created", "event_id": event.pk})
+def events_publish(conversation_id: int, events: list[Event]) -> None:
+    """Tell the conversation's open pages of `events`, with their rows when they fit."""
+    message = {"type": "event.created", "event_id": events[-1].pk}
+    if (rows := _carried_rows(events)) is not None:
+        message["events"] = rows
+    group_notify(conversation_id, message)
 
 
 def group_notify(conversation_id: int, message: dict) -> None:
-    """Tell the conversation's open pages to read the database again (at most once: a
-    page also reads on its own, so a lost message is repaired there)."""
+    """Tell the conversation's open pages what changed (at most once: a page also reads
+    the database on its own, so a lost message is repaired there)."""
     layer = get_channel_layer()
     if layer is None:
         return
