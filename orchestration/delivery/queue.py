@@ -41,13 +41,18 @@ def enqueue_subagent(dispatch_id: int) -> None:
 
 def enqueue_subagents(dispatch_ids: list[int]) -> None:
     AgentDispatch.objects.filter(pk__in=dispatch_ids).update(queued_at=timezone.now())
-    for dispatch_id in dispatch_ids:
-        transaction.on_commit(lambda dispatch_id=dispatch_id: deliver(AGENT, dispatch_id))
+    transaction.on_commit(lambda: deliver_all(AGENT, list(dispatch_ids)))
 
 
 def deliver(kind: str, item_id: int) -> None:
     """On this process's runner if it has a slot free now, else through the queue."""
+    deliver_all(kind, [item_id])
+
+
+def deliver_all(kind: str, item_ids: list[int]) -> None:
+    """`deliver` for work that became ready together: begun together on this runner, as
+    far as it has room (their claims then share a transaction), the rest queued."""
     here = runner.current()
     job = JOBS.get(kind)
-    if here is None or job is None or not here.start(job, item_id, wait=0):
+    for item_id in item_ids if here is None or job is None else here.start_all(job, item_ids):
         async_task(TASKS[kind], item_id)

@@ -99,10 +99,30 @@ class Runner:
         self.loop.call_soon_threadsafe(self._create_task, job, item_id)
         return True
 
+    def start_all(self, job: Job, item_ids: list[int]) -> list[int]:
+        """Run `job` for each of `item_ids` that has a slot free now, all begun in the same
+        turn of the loop (so that their claims go in one transaction: loop.py); the ids
+        it had no room for."""
+        started = []
+        for item_id in item_ids:
+            if self.draining or not self._slots.acquire(blocking=False):
+                break
+            started.append(item_id)
+        if started:
+            with self._lock:
+                self.in_flight += len(started)
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            self.loop.call_soon_threadsafe(self._create_tasks, job, started)
+        return item_ids[len(started):]
+
     def _create_task(self, job: Job, item_id: int) -> None:
-        task = self.loop.create_task(self._run(job, item_id))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._create_tasks(job, [item_id])
+
+    def _create_tasks(self, job: Job, item_ids: list[int]) -> None:
+        for item_id in item_ids:
+            task = self.loop.create_task(self._run(job, item_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _run(self, job: Job, item_id: int) -> None:
         try:

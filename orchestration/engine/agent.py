@@ -165,6 +165,39 @@ class Agent:
         return cls(dispatch=dispatch, token=token, first_start=first_start, renewed_at=claimed, verified_at=claimed,
                    label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})")
 
+    @classmethod
+    def claim_many(cls, dispatch_ids: list[int]) -> dict[int, Agent]:
+        """Agents that became ready together (one dispatch answer, one finished
+        dependency), each claimed as `claim` would, the first starts in one transaction of
+        three statements however many there are: claimed one by one, eight agents of a
+        dispatch answer started one after another on the process's database threads."""
+        if len(dispatch_ids) == 1:
+            return {pk: agent for pk in dispatch_ids if (agent := cls.claim(pk)) is not None}
+        ready = {dispatch.pk: dispatch for dispatch in (
+            AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
+            .filter(pk__in=dispatch_ids, state=DispatchState.CREATED, turn__status__in=LIVE_TURN, started_at=None))}
+        # Not found: not ready (claim says why) or resumed (claim writes why): one by one.
+        claimed = {pk: agent for pk in dispatch_ids if pk not in ready and (agent := cls.claim(pk)) is not None}
+        if not ready:
+            return claimed
+        now = timezone.now()
+        values = {pk: {"lease_token": new_token(), "deadline_at": now + timedelta(
+            seconds=Limits.from_json(dispatch.turn.limits).agent_timeout_seconds)} for pk, dispatch in ready.items()}
+        with transaction.atomic():
+            moved = lifecycle.transition_each(
+                values, source=DispatchState.CREATED, target=DispatchState.RUNNING,
+                lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None, awaiting={}, started_at=now)
+            started = [ready[pk] for pk in dispatch_ids if pk in moved]
+            for dispatch in started:
+                dispatch.state, dispatch.awaiting, dispatch.started_at = DispatchState.RUNNING, {}, now
+                dispatch.lease_token, dispatch.deadline_at = values[dispatch.pk]["lease_token"], values[dispatch.pk]["deadline_at"]
+            events_record([event_new(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
+                                     payload={"sub_agent_id": dispatch.agent_id}) for dispatch in started])
+        claimed_at = time.monotonic()
+        return claimed | {dispatch.pk: cls(
+            dispatch=dispatch, token=dispatch.lease_token, first_start=True, renewed_at=claimed_at,
+            verified_at=claimed_at, label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})") for dispatch in started}
+
     def load(self) -> None:
         """The run as the store has it (again, after a transient database error)."""
         dispatch = self.dispatch

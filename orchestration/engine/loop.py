@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from itertools import count
 from typing import Protocol
 
@@ -92,7 +93,7 @@ class Work(Protocol):
 async def run(role, item_id: int) -> None:
     """One delivery: claim the work (a role's `claim` returns None when it is not ours to
     run) and run it until it ends, waits, pauses or goes elsewhere."""
-    work: Work | None = await db_retrying(role.claim, item_id)
+    work: Work | None = await _claim(role, item_id)
     if work is None:
         return
     try:
@@ -108,6 +109,41 @@ async def run(role, item_id: int) -> None:
         logger.info("%s: lease lost before it could end; its new holder goes on", work.label)
     finally:
         await db_retrying(work.settle_up)  # the calls were made, whoever holds the work now
+
+
+async def _claim(role, item_id: int) -> Work | None:
+    """`role.claim(item_id)`; for a role that can claim several at once (`claim_many`),
+    together with the other deliveries of it that begin in the same turn of the loop
+    (the runner begins work that became ready together so: delivery/runner.py)."""
+    if not hasattr(role, "claim_many"):
+        return await db_retrying(role.claim, item_id)
+    loop = asyncio.get_running_loop()
+    batches = _claiming.setdefault(loop, {})
+    if role not in batches:
+        batches[role] = []
+        loop.call_soon(lambda: loop.create_task(_claim_batch(role, batches.pop(role))))
+    claimed = loop.create_future()
+    batches[role].append((item_id, claimed))
+    return await claimed
+
+
+# loop → role → the (item id, future) of the claims asked in this turn of the loop
+_claiming: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def _claim_batch(role, waiting: list[tuple[int, asyncio.Future]]) -> None:
+    try:
+        claimed = await db_retrying(role.claim_many, [item_id for item_id, _ in waiting])
+    except BaseException as exc:
+        for _, future in waiting:
+            if not future.done():
+                future.set_exception(exc)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        return
+    for item_id, future in waiting:
+        if not future.done():
+            future.set_result(claimed.get(item_id))
 
 
 async def _steps_retrying(work: Work) -> Next:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Count, F, Sum
+from django.db.models import Case, Count, F, Sum, Value, When
 from django.utils import timezone
 
 from orchestration.delivery.queue import enqueue_orchestrator_step, enqueue_subagents
@@ -101,6 +101,23 @@ def transition(dispatch_id: int, *, source: str | Iterable[str], target: str, wh
     sources = _checked(AGENT_TRANSITIONS, source, target)
     matching = AgentDispatch.objects.filter(pk=dispatch_id, state__in=sources, **(where or {}))
     return bool(matching.update(state=target, **fields))
+
+
+def transition_each(values: dict[int, dict], *, source: str, target: str, **fields) -> set[int]:
+    """`transition` for several dispatches in one UPDATE, each with its own `values`
+    (field → value) besides the shared `fields`; the ids it moved. `values` must name
+    `lease_token`, each its own: that is how the moved ones are told apart when some
+    were moved by someone else first (one more statement, then)."""
+    sources = _checked(AGENT_TRANSITIONS, source, target)
+    names = {name for row in values.values() for name in row}
+    cases = {name: Case(*[When(pk=pk, then=Value(row[name])) for pk, row in values.items()],
+                        output_field=AgentDispatch._meta.get_field(name)) for name in names}
+    moved = AgentDispatch.objects.filter(pk__in=values, state__in=sources).update(state=target, **cases, **fields)
+    if moved == len(values):
+        return set(values)
+    tokens = [row["lease_token"] for row in values.values()]
+    return set(AgentDispatch.objects.filter(pk__in=values, state=target, lease_token__in=tokens)
+               .values_list("pk", flat=True))
 
 
 def turn_move(turn_id: int, *, source: str | Iterable[str], target: str, where: dict | None = None,

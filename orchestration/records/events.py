@@ -62,11 +62,15 @@ def event_new(
 
 
 def events_record(events: list[Event]) -> list[Event]:
-    """Save `events` of one conversation in one INSERT, published once after the commit."""
+    """Save `events` in one INSERT, published once per conversation after the commit."""
     if not events:
         return []
     Event.objects.bulk_create(events)
-    _publish_after_commit(events)
+    by_conversation: dict[int, list[Event]] = {}
+    for event in events:
+        by_conversation.setdefault(event.conversation_id, []).append(event)
+    for batch in by_conversation.values():
+        _publish_after_commit(batch)
     return events
 
 

@@ -1,0 +1,113 @@
+"""Agents that become ready together start together (issue 27): the agents of one dispatch
+answer are claimed in one transaction of three statements, not one by one on the
+process's database threads, and a claim of several keeps every guarantee of a claim of
+one — a second delivery claims nothing, an agent of a paused turn is left for the
+schedule, a resumed agent says why — and on a real runner the eight agents of a `wide`
+answer start in one claim."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from orchestration.engine import loop
+from orchestration.engine.agent import Agent
+from orchestration.lifecycle import dispatches as lifecycle
+from orchestration.models import AgentDispatch, DispatchState, Event, TurnStatus
+from tests.factories import conversation_for, dispatch_for, turn_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK|COMMIT)", re.I)
+
+
+def statements(queries: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if not CONTROL.match(q["sql"])]
+
+
+@pytest.fixture
+def ready(alice):
+    turn = turn_for(conversation_for(alice), status=TurnStatus.RUNNING)
+    return turn, [dispatch_for(turn, f"a{i}") for i in range(1, 5)]
+
+
+def test_agents_ready_together_are_claimed_in_one_transaction(ready):
+    turn, dispatches = ready
+    ids = [d.pk for d in dispatches]
+    with CaptureQueriesContext(connection) as queries:
+        claimed = Agent.claim_many(ids)
+    assert len(statements(queries)) == 3, statements(queries)  # read them, move them, their events
+    assert set(claimed) == set(ids)
+    rows = {d.pk: d for d in AgentDispatch.objects.filter(pk__in=ids)}
+    assert {rows[pk].state for pk in ids} == {DispatchState.RUNNING}
+    assert len({rows[pk].lease_token for pk in ids}) == 4  # each its own lease
+    for pk, agent in claimed.items():
+        assert agent.token == rows[pk].lease_token and agent.dispatch.state == DispatchState.RUNNING
+        assert rows[pk].deadline_at > rows[pk].started_at and rows[pk].queued_at is None
+    started = Event.objects.filter(turn=turn, type="agent.subagent_started")
+    assert sorted(started.values_list("dispatch_id", flat=True)) == sorted(ids)
+
+    assert Agent.claim_many(ids) == {}  # a second delivery claims nothing
+    assert started.count() == 4
+
+
+def test_a_claim_of_several_keeps_what_a_claim_of_one_does(ready):
+    turn, (fresh, taken, resumed, _) = ready
+    lifecycle.transition(taken.pk, source=DispatchState.CREATED, target=DispatchState.RUNNING, lease_token="other")
+    AgentDispatch.objects.filter(pk=resumed.pk).update(
+        started_at=timezone.now(), deadline_at=timezone.now(), awaiting={"agent_ids": ["b1"]})
+
+    claimed = Agent.claim_many([fresh.pk, taken.pk, resumed.pk])
+
+    assert set(claimed) == {fresh.pk, resumed.pk}
+    assert AgentDispatch.objects.get(pk=taken.pk).lease_token == "other"  # untouched
+    resumed_event = Event.objects.get(dispatch=resumed, type="agent.subagent_attempt")
+    assert resumed_event.payload["reason"] == "its agents finished"
+
+    paused = turn_for(conversation_for(turn.conversation.owner), status=TurnStatus.PAUSED)
+    other = dispatch_for(paused, "p1", queued_at=timezone.now())
+    assert Agent.claim_many([other.pk, dispatch_for(turn, "a9").pk]).keys() == {
+        AgentDispatch.objects.get(turn=turn, agent_id="a9").pk}
+    other.refresh_from_db()
+    assert other.state == DispatchState.CREATED and other.queued_at is None  # the schedule queues it on resume
+
+
+def test_a_move_of_several_tells_which_it_moved(ready):
+    _, (a, b, c, _) = ready
+    lifecycle.transition(b.pk, source=DispatchState.CREATED, target=DispatchState.RUNNING, lease_token="first")
+    moved = lifecycle.transition_each({pk: {"lease_token": f"t{pk}"} for pk in (a.pk, b.pk, c.pk)},
+                                      source=DispatchState.CREATED, target=DispatchState.RUNNING)
+    assert moved == {a.pk, c.pk}
+    assert AgentDispatch.objects.get(pk=b.pk).lease_token == "first"
+    with pytest.raises(ValueError, match="not in the lifecycle table"):
+        lifecycle.transition_each({a.pk: {"lease_token": "x"}}, source=DispatchState.CLOSED,
+                                  target=DispatchState.RUNNING)
+
+
+def test_deliveries_begun_in_one_turn_of_the_loop_share_one_claim(monkeypatch):
+    """What the runner does with a dispatch answer's agents (delivery/runner.py start_all)."""
+    batches = []
+
+    class Role:
+        @classmethod
+        def claim_many(cls, ids):
+            batches.append(list(ids))
+            return {pk: f"work {pk}" for pk in ids if pk != 2}
+
+    async def inline(fn, /, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    monkeypatch.setattr(loop.runner, "db", inline)
+
+    async def begin():
+        together = await asyncio.gather(*(loop._claim(Role, pk) for pk in (1, 2, 3)))
+        later = await loop._claim(Role, 4)
+        return together, later
+
+    together, later = asyncio.run(begin())
+    assert together == ["work 1", None, "work 3"] and later == "work 4"
+    assert batches == [[1, 2, 3], [4]]
