@@ -35,7 +35,7 @@ from orchestration.delivery.leases import LeaseLost, lease_until, new_token
 from orchestration.engine import steps
 from orchestration.engine.delegation import (
     can_delegate,
-    dispatch_create,
+    dispatches_create,
     dispatch_result_json,
     plan_batch,
     profiles_by_name,
@@ -526,13 +526,11 @@ class Agent:
             planned = plan_batch(turn=turn, calls=fresh, parent=dispatch)
             # Children take slots of the turn's agent limit: limits count the whole tree.
             reserve_agents(turn=turn, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
+            dispatches_create(turn=turn, items=[item for item in planned if not item.error], task_prompt=task_prompt,
+                              parent=dispatch, step_idx=step, outside=outside)
             for item in planned:
-                if item.error:
-                    answers[item.call.id] = error_json(item.error, agent_id=item.spec.get("agent_id"))
-                    continue
-                dispatch_create(turn=turn, item=item, task_prompt=task_prompt, parent=dispatch, step_idx=step,
-                                outside=outside)
-                answers[item.call.id] = dispatch_result_json(item.spec["agent_id"])
+                answers[item.call.id] = (error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
+                                         else dispatch_result_json(item.spec["agent_id"]))
             lifecycle.dispatch_schedule(turn)
         return answers
 

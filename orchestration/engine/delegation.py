@@ -25,7 +25,7 @@ from orchestration.llm import ToolCall
 from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import AgentDispatch, AgentProfile, Turn
 from orchestration.records.catalogue import AGENT_CREATED
-from orchestration.records.events import event_record
+from orchestration.records.events import event_new, events_record
 from skills import registry
 
 
@@ -236,28 +236,40 @@ def contract_for(
     }
 
 
-def dispatch_create(
+def dispatches_create(
     *,
     turn: Turn,
-    item: Planned,
+    items: Sequence[Planned],
     task_prompt: str,
     parent: AgentDispatch | None = None,
     step_idx: int | None = None,
     outside: Sequence[str] = (),
-) -> AgentDispatch:
-    """Create one validated dispatch (top-level, or a child of `parent`) and its event.
+) -> list[AgentDispatch]:
+    """Create validated dispatches (top-level, or children of `parent`) and their events,
+    in two statements however many there are.
 
-    It starts with the outside content that had reached whoever wrote its mission: the
+    Each starts with the outside content that had reached whoever wrote its mission: the
     turn's (the conversation's and the orchestrator's reading), and for a child what
     its parent had seen at that moment (`outside`: the parent's run so far, which its
     row holds only once it ends). The caller holds the turn lock and has reserved the
-    agent slot.
+    agent slots.
     """
+    if not items:
+        return []
     limits = Limits.from_json(turn.limits)
-    spec, profile = item.spec, item.profile
     depth = (parent.depth + 1) if parent else 1
+    dispatches = AgentDispatch.objects.bulk_create([_new_dispatch(
+        turn=turn, item=item, limits=limits, depth=depth, task_prompt=task_prompt, parent=parent,
+        step_idx=step_idx, outside=outside) for item in items])
+    events_record([_created_event(dispatch, parent) for dispatch in dispatches])
+    return dispatches
+
+
+def _new_dispatch(*, turn: Turn, item: Planned, limits: Limits, depth: int, task_prompt: str,
+                  parent: AgentDispatch | None, step_idx: int | None, outside: Sequence[str]) -> AgentDispatch:
+    spec, profile = item.spec, item.profile
     requested = spec.get("max_tool_calls") or (profile.max_tool_calls if profile else None)
-    dispatch = AgentDispatch.objects.create(
+    return AgentDispatch(
         turn=turn,
         agent_id=spec["agent_id"],
         parent=parent,
@@ -278,9 +290,12 @@ def dispatch_create(
         tool_call_id=item.call.id,
         outside=lifecycle.merged(turn.outside, parent.outside if parent else [], outside),
     )
+
+
+def _created_event(dispatch: AgentDispatch, parent: AgentDispatch | None):
     waits = f", after {', '.join(dispatch.depends_on)}" if dispatch.depends_on else ""
     by = f" (by {parent.agent_id})" if parent else ""
-    event_record(
+    return event_new(
         type=AGENT_CREATED,
         dispatch=dispatch,
         summary=f"{dispatch.agent_id} created{by}: {dispatch.mission[:120]}{waits}",
@@ -288,10 +303,9 @@ def dispatch_create(
             "sub_agent_id": dispatch.agent_id, "mission": dispatch.mission, "skills": dispatch.skills,
             "depends_on": dispatch.depends_on, "max_tool_calls": dispatch.max_tool_calls,
             "profile": dispatch.profile_name, "parent": parent.agent_id if parent else None,
-            "depth": depth, "contract": dispatch.contract,
+            "depth": dispatch.depth, "contract": dispatch.contract,
         },
     )
-    return dispatch
 
 
 def can_delegate(dispatch: AgentDispatch, limits: Limits) -> bool:

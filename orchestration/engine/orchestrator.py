@@ -25,7 +25,7 @@ from orchestration.delivery.dbretry import is_transient
 from orchestration.delivery.leases import LeaseLost, lease_until, new_token
 from orchestration.engine import steps
 from orchestration.engine.delegation import (
-    dispatch_create,
+    dispatches_create,
     dispatch_result_json,
     plan_batch,
     profiles_by_name,
@@ -274,14 +274,10 @@ class Orchestrator:
             self._hold()
             planned = plan_batch(turn=locked, calls=calls)
             reserve_agents(turn=locked, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
-            answers = []
-            for item in planned:
-                if item.error:
-                    content = error_json(item.error, agent_id=item.spec.get("agent_id"))
-                else:
-                    dispatch_create(turn=locked, item=item, task_prompt=task_prompt)
-                    content = dispatch_result_json(item.spec["agent_id"])
-                answers.append({"role": Message.Role.TOOL, "content": content, "tool_call_id": item.call.id})
+            dispatches_create(turn=locked, items=[item for item in planned if not item.error], task_prompt=task_prompt)
+            answers = [{"role": Message.Role.TOOL, "tool_call_id": item.call.id,
+                        "content": error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
+                        else dispatch_result_json(item.spec["agent_id"])} for item in planned]
             messages_append(turn=locked, messages=answers)
             lifecycle.dispatch_schedule(locked)
 

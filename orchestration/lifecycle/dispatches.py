@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Case, Count, F, Sum, Value, When
+from django.db.models import Case, CharField, Count, F, Sum, Value, When
 from django.utils import timezone
 
 from orchestration.delivery.queue import enqueue_orchestrator_step, enqueue_subagents
 from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, Turn, TurnStatus
 from orchestration.records.catalogue import AGENT_CLOSED
-from orchestration.records.events import event_record
+from orchestration.records.events import event_new, events_record
 from skills.provenance import merged  # noqa: F401 (the engine calls it lifecycle.merged)
 
 # Terminal from the orchestrator's point of view: the agent will not work any more.
@@ -324,9 +324,50 @@ def dispatch_merge(dispatch: AgentDispatch, *, unread: str = "") -> None:
         _closed_event(dispatch, summary=f"{dispatch.agent_id} closed ({final})", final=final, close_reason=reason)
 
 
+def dispatches_merge(dispatches: list[AgentDispatch]) -> None:
+    """`dispatch_merge` for the agents one get_agent_results read, in three statements
+    however many there are. Their states are as read under the turn's lock, which every
+    merge and close holds: the moves are conditional all the same, and an agent that
+    was not where it was read to be is merged on its own."""
+    reported = [d for d in dispatches if d.state == DispatchState.WAITING_FOR_MERGE]
+    failed = [d for d in dispatches if d.state == DispatchState.FAILED]
+    if len(reported) + len(failed) < 2:
+        for dispatch in reported + failed:
+            dispatch_merge(dispatch)
+        return
+    now = timezone.now()
+    _checked(AGENT_TRANSITIONS, DispatchState.WAITING_FOR_MERGE, DispatchState.COMPLETED)
+    _checked(AGENT_TRANSITIONS, [DispatchState.COMPLETED, DispatchState.FAILED], DispatchState.CLOSED)
+    reasons = {d.pk: "merged" for d in reported} | {d.pk: (d.outcome or "failed")[:300] for d in failed}
+    try:
+        with transaction.atomic():
+            moved = AgentDispatch.objects.filter(pk__in=[d.pk for d in reported], state=DispatchState.WAITING_FOR_MERGE
+                                                 ).update(state=DispatchState.COMPLETED)
+            closed = AgentDispatch.objects.filter(
+                pk__in=reasons, state__in=[DispatchState.COMPLETED, DispatchState.FAILED]
+            ).update(state=DispatchState.CLOSED, closed_at=now, close_reason=Case(
+                *[When(pk=pk, then=Value(reason)) for pk, reason in reasons.items()], output_field=CharField()))
+            if moved != len(reported) or closed != len(reasons):
+                raise _MovedElsewhere
+            events_record([_closed_event_new(d, summary=f"{d.agent_id} closed ({final})", final=final,
+                                             close_reason=reasons[d.pk])
+                           for final, batch in (("completed", reported), ("failed", failed)) for d in batch])
+    except _MovedElsewhere:
+        for dispatch in reported + failed:
+            dispatch_merge(dispatch)
+
+
+class _MovedElsewhere(Exception):
+    """Rolls back a merge of several that found an agent elsewhere than it was read."""
+
+
 def _closed_event(dispatch: AgentDispatch, *, summary: str, final: str, close_reason: str, **extra) -> None:
     """`agent.subagent_closed`, the last event of every sub-agent (DESIGN.md §4)."""
-    event_record(
+    events_record([_closed_event_new(dispatch, summary=summary, final=final, close_reason=close_reason, **extra)])
+
+
+def _closed_event_new(dispatch: AgentDispatch, *, summary: str, final: str, close_reason: str, **extra):
+    return event_new(
         type=AGENT_CLOSED,
         dispatch=dispatch,
         summary=summary,
@@ -359,7 +400,7 @@ def dispatch_results_collect(names: list[str], found: dict[str, AgentDispatch]) 
             },
             dispatch,
         ))
-        dispatch_merge(dispatch)
+    dispatches_merge([found[name] for name in dict.fromkeys(names) if name in found])
     return {"agents": agents}
 
 

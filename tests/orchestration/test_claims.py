@@ -111,3 +111,32 @@ def test_deliveries_begun_in_one_turn_of_the_loop_share_one_claim(monkeypatch):
     together, later = asyncio.run(begin())
     assert together == ["work 1", None, "work 3"] and later == "work 4"
     assert batches == [[1, 2, 3], [4]]
+
+
+def test_the_results_of_several_agents_are_merged_in_three_statements(ready):
+    turn, (done, broke, other_done, _) = ready
+    AgentDispatch.objects.filter(pk__in=[done.pk, other_done.pk]).update(state=DispatchState.WAITING_FOR_MERGE)
+    AgentDispatch.objects.filter(pk=broke.pk).update(state=DispatchState.FAILED, outcome="timed out")
+    read = list(turn.dispatches.filter(pk__in=[done.pk, broke.pk, other_done.pk]))  # as get_agent_results reads
+    with CaptureQueriesContext(connection) as queries:
+        lifecycle.dispatches_merge(read)
+    assert len(statements(queries)) == 3, statements(queries)
+    rows = {d.pk: d for d in AgentDispatch.objects.filter(pk__in=[done.pk, broke.pk, other_done.pk])}
+    assert {d.state for d in rows.values()} == {DispatchState.CLOSED}
+    assert [rows[pk].close_reason for pk in (done.pk, broke.pk, other_done.pk)] == ["merged", "timed out", "merged"]
+    closed = {e.dispatch_id: e.payload["final_status"] for e in Event.objects.filter(type="agent.subagent_closed")}
+    assert closed == {done.pk: "completed", broke.pk: "failed", other_done.pk: "completed"}
+
+
+def test_a_merge_of_several_that_finds_one_moved_merges_each_as_it_stands(ready):
+    _, (done, moved, _, _) = ready
+    AgentDispatch.objects.filter(pk__in=[done.pk, moved.pk]).update(state=DispatchState.WAITING_FOR_MERGE)
+    read = list(AgentDispatch.objects.filter(pk__in=[done.pk, moved.pk]))
+    AgentDispatch.objects.filter(pk=moved.pk).update(state=DispatchState.CLOSED, close_reason="closed already")
+
+    lifecycle.dispatches_merge(read)
+
+    rows = {d.pk: d for d in AgentDispatch.objects.filter(pk__in=[done.pk, moved.pk])}
+    assert (rows[done.pk].state, rows[done.pk].close_reason) == (DispatchState.CLOSED, "merged")
+    assert rows[moved.pk].close_reason == "closed already"
+    assert list(Event.objects.filter(type="agent.subagent_closed").values_list("dispatch_id", flat=True)) == [done.pk]
