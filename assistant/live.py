@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from orchestration.llm.offline import EXAMPLE_REQUESTS
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
-from orchestration.records.catalogue import TURN_RESTS, TURN_RUNS
+from orchestration.records.catalogue import AGENT_LLM_CALL, ORCHESTRATOR_LLM_CALL, TURN_RESTS, TURN_RUNS
 from orchestration.records.events import event_from_carried
 from orchestration.reports import selectors
 from orchestration.reports.waterfall import turn_waterfall
@@ -216,7 +216,8 @@ def resume_floor(conversation_id: int, last: int) -> int:
 # continue? prompt, the composer and the outside content the conversation carries (it
 # grows when a turn ends) change with the turn's own events (a message sent, answered,
 # paused, resumed, stopped); the agent graph with the agents' and skills' events too;
-# the counters with anything. A long chat is then not run through markdown and the
+# the counters (tokens, cost, the turn's state) with the turn's events and the model calls
+# (the only ones that add spend). A long chat is then not run through markdown and the
 # sanitiser again for every skill call (that was most of daphne's CPU under load).
 PANELS = ("counters", "outside", "messages", "pause", "composer", "graph", "waterfall")
 # The panels that change with nearly every event of a running turn (the counters with each
@@ -228,6 +229,7 @@ PANELS = ("counters", "outside", "messages", "pause", "composer", "graph", "wate
 BUSY_PANELS = {"counters": 1, "graph": 1, "waterfall": 3}  # → intervals, in ASSISTANT_PANEL_INTERVAL_SECONDS
 CHAT_EVENT_PREFIXES = ("turn.", "limit.")
 GRAPH_EVENT_PREFIXES = ("turn.", "agent.", "skill.")
+SPEND_EVENTS = (ORCHESTRATOR_LLM_CALL, AGENT_LLM_CALL)
 
 
 def turn_moved(events: list[Event]) -> bool:
@@ -236,9 +238,11 @@ def turn_moved(events: list[Event]) -> bool:
 
 def panels_for(events: list[Event]) -> frozenset[str]:
     types = [event.type for event in events]
-    panels = {"counters"}
+    panels = set()
+    if any(t in SPEND_EVENTS for t in types):
+        panels.add("counters")
     if any(t.startswith(CHAT_EVENT_PREFIXES) for t in types):
-        panels |= {"outside", "messages", "pause", "composer"}
+        panels |= {"counters", "outside", "messages", "pause", "composer"}
     if any(t.startswith(GRAPH_EVENT_PREFIXES) for t in types):
         panels |= {"graph", "waterfall"}
     elif any(t.startswith("orchestrator.") for t in types):

@@ -163,9 +163,10 @@ def test_a_push_re_renders_only_the_panels_its_events_can_change(started):
         html = live.render_events(conversation, events)
         return {name for name, marker in ids.items() if marker in html}
 
-    assert panels("skill.started", "skill.finished") == {"counters", "graph"}
-    assert panels("agent.subagent_started") == {"counters", "graph"}
+    assert panels("skill.started", "skill.finished") == {"graph"}  # no spend: the counters stand
+    assert panels("agent.subagent_started") == {"graph"}
     assert panels("orchestrator.llm_call") == {"counters"}
+    assert panels("agent.llm_call") == {"counters", "graph"}
     assert panels("skill.finished", "turn.completed") == set(ids)
     assert panels("limit.tripped") == set(ids) - {"graph"}
 
