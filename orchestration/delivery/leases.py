@@ -13,6 +13,12 @@ from django.conf import settings
 from django.utils import timezone
 
 
+# Work whose lease was found ours this recently (claimed, held, or its answer stored) goes
+# on to its next model call without asking again whether it may (a Stop or pause in that
+# moment is found when the next answer is stored): both roles' steps skip that check.
+VERIFIED_SECONDS = 2.0
+
+
 class LeaseLost(Exception):
     """Another worker owns this work now; the current one must stop without writing."""
 

@@ -31,7 +31,7 @@ from orchestration.budgets.limits import Limits
 from orchestration.budgets.pricing import call_cost
 from orchestration.budgets.spending import SpendMeter, agent_call_release, agent_call_reserve
 from orchestration.delivery import runner
-from orchestration.delivery.leases import LeaseLost, lease_until, new_token
+from orchestration.delivery.leases import VERIFIED_SECONDS, LeaseLost, lease_until, new_token
 from orchestration.engine import steps
 from orchestration.engine.delegation import (
     can_delegate,
@@ -77,10 +77,6 @@ USE_SKILL = "use_skill"
 # have) are answered with a nudge; this many in a row and the agent stops.
 MAX_IDLE_REPLIES = 3
 LIVE_TURN = (TurnStatus.RUNNING, TurnStatus.WAITING)
-# A step whose answer was stored this recently, and whose calls all ran ahead (or had
-# nothing to run), goes on to its next call without asking again whether the agent may
-# (a Stop or pause in that moment is found when the next answer is stored).
-VERIFIED_SECONDS = 2.0
 TAKE_COUNTERS = """
     UPDATE orchestration_turn SET agent_llm_calls = agent_llm_calls + %s, skill_calls = skill_calls + %s
     WHERE id = %s AND status IN (%s, %s) AND agent_llm_calls < %s
@@ -145,22 +141,23 @@ class Agent:
         if first_start:
             timeout = timedelta(seconds=Limits.from_json(dispatch.turn.limits).agent_timeout_seconds)
             dispatch.started_at, dispatch.deadline_at = now, now + timeout
-        if not lifecycle.transition(
-            dispatch_id, source=DispatchState.CREATED, target=DispatchState.RUNNING,
-            lease_token=token, lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None,
-            awaiting={}, started_at=dispatch.started_at, deadline_at=dispatch.deadline_at,
-        ):
-            return None
-        dispatch.state, dispatch.lease_token, dispatch.awaiting = DispatchState.RUNNING, token, {}
-        if first_start:
-            event_record(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
-                         payload={"sub_agent_id": dispatch.agent_id})
-        else:
-            reason = "its agents finished" if awaited else "redelivered"
-            event_record(type=AGENT_ATTEMPT, dispatch=dispatch,
-                         summary=f"{dispatch.agent_id} resumed ({reason})",
-                         payload={"sub_agent_id": dispatch.agent_id, "reason": reason, "crashes": dispatch.crashes,
-                                  "awaited": (awaited or {}).get("agent_ids", [])})
+        with transaction.atomic():  # one commit: the claim and its event
+            if not lifecycle.transition(
+                dispatch_id, source=DispatchState.CREATED, target=DispatchState.RUNNING,
+                lease_token=token, lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None,
+                awaiting={}, started_at=dispatch.started_at, deadline_at=dispatch.deadline_at,
+            ):
+                return None
+            dispatch.state, dispatch.lease_token, dispatch.awaiting = DispatchState.RUNNING, token, {}
+            if first_start:
+                event_record(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
+                             payload={"sub_agent_id": dispatch.agent_id})
+            else:
+                reason = "its agents finished" if awaited else "redelivered"
+                event_record(type=AGENT_ATTEMPT, dispatch=dispatch,
+                             summary=f"{dispatch.agent_id} resumed ({reason})",
+                             payload={"sub_agent_id": dispatch.agent_id, "reason": reason,
+                                      "crashes": dispatch.crashes, "awaited": (awaited or {}).get("agent_ids", [])})
         claimed = time.monotonic()  # its lease just taken: the first call need not ask again
         return cls(dispatch=dispatch, token=token, first_start=first_start, renewed_at=claimed, verified_at=claimed,
                    label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})")

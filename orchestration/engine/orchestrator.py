@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -22,7 +23,7 @@ from orchestration.budgets.pricing import call_cost
 from orchestration.budgets.spending import SpendMeter
 from orchestration.delivery import runner
 from orchestration.delivery.dbretry import is_transient
-from orchestration.delivery.leases import LeaseLost, lease_until, new_token
+from orchestration.delivery.leases import VERIFIED_SECONDS, LeaseLost, lease_until, new_token
 from orchestration.engine import steps
 from orchestration.engine.delegation import (
     dispatches_create,
@@ -73,6 +74,7 @@ class Orchestrator:
         self.spend: SpendMeter | None = None  # made at load, kept across reloads
         self.call: dict = {}
         self.profiles: dict | None = None
+        self.verified_at = float("-inf")  # when the lease was last found ours (time.monotonic)
 
     # --- claim and replay ---------------------------------------------------------------
 
@@ -83,7 +85,11 @@ class Orchestrator:
         token = new_token()
         claimed = Turn.objects.filter(pk=turn_id, status=TurnStatus.RUNNING, lease_token="").update(
             lease_token=token, lease_expires_at=lease_until(), queued_at=None)
-        return cls(turn_id, token) if claimed else None
+        if not claimed:
+            return None
+        orchestrator = cls(turn_id, token)
+        orchestrator.verified_at = time.monotonic()  # its lease just taken: the first call need not ask again
+        return orchestrator
 
     def load(self) -> None:
         self.turn = Turn.objects.select_related("conversation__owner").get(pk=self.turn_id)
@@ -103,6 +109,7 @@ class Orchestrator:
             return steps.HAND_BACK
         if Turn.objects.filter(pk=self.turn_id, lease_token=self.token, status=TurnStatus.RUNNING).update(
                 lease_expires_at=lease_until()):
+            self.verified_at = time.monotonic()
             return None
         status = Turn.objects.filter(pk=self.turn_id, lease_token=self.token).values_list("status", flat=True).first()
         if status == TurnStatus.PAUSED:  # an agent's limit or question paused it: let go
@@ -110,9 +117,15 @@ class Orchestrator:
         return steps.STOP  # ended, stopped, or no longer ours
 
     def before_call(self) -> Next | None:
-        if (stop := self.check()) is not None:
-            return stop
-        self.turn.refresh_from_db(fields=["limits", "llm_iterations", "llm_retries"])
+        """The lease and the turn's counters as stored, unless this delivery found the
+        lease its own a moment ago (its claim, its last answer stored, the step's hold):
+        then what it holds is current, since only the holder moves them."""
+        if runner.handing_back():
+            return steps.HAND_BACK
+        if time.monotonic() - self.verified_at > VERIFIED_SECONDS:
+            if (stop := self.check()) is not None:
+                return stop
+            self.turn.refresh_from_db(fields=["limits", "llm_iterations", "llm_retries"])
         self.limits = limits = Limits.from_json(self.turn.limits)
         if self.turn.llm_iterations >= limits.turn_max_llm_iterations:
             return steps.pause(LimitTripped(
@@ -265,6 +278,7 @@ class Orchestrator:
         if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token, status=TurnStatus.RUNNING).update(
                 lease_expires_at=lease_until()):
             raise LeaseLost(f"turn {self.turn_id}: lease lost")
+        self.verified_at = time.monotonic()
 
     def _dispatch_batch(self, calls: list[ToolCall]) -> None:
         turn = self.turn
@@ -280,6 +294,9 @@ class Orchestrator:
                         else dispatch_result_json(item.spec["agent_id"])} for item in planned]
             messages_append(turn=locked, messages=answers)
             lifecycle.dispatch_schedule(locked)
+        # Its agents run now (inline, where there is no runner, before this returns) and may
+        # pause the turn, and the owner may stop them: the next call asks first.
+        self.verified_at = float("-inf")
 
     def _agent_results(self, call: ToolCall) -> Next:
         arguments, error = parse_arguments(call.arguments, get_agent_results_parameters())
