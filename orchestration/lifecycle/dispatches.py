@@ -349,9 +349,9 @@ def dispatches_merge(dispatches: list[AgentDispatch]) -> None:
                 *[When(pk=pk, then=Value(reason)) for pk, reason in reasons.items()], output_field=CharField()))
             if moved != len(reported) or closed != len(reasons):
                 raise _MovedElsewhere
-            events_record([_closed_event_new(d, summary=f"{d.agent_id} closed ({final})", final=final,
-                                             close_reason=reasons[d.pk])
-                           for final, batch in (("completed", reported), ("failed", failed)) for d in batch])
+            finals = {d.pk: "completed" for d in reported} | {d.pk: "failed" for d in failed}
+            events_record([_closed_event_new(d, summary=f"{d.agent_id} closed ({finals[d.pk]})", final=finals[d.pk],
+                                             close_reason=reasons[d.pk]) for d in dispatches if d.pk in finals])
     except _MovedElsewhere:
         for dispatch in reported + failed:
             dispatch_merge(dispatch)
