@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-import time
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -59,6 +58,16 @@ def counted_reads(monkeypatch) -> list[int]:
     return reads
 
 
+async def opened_counting(monkeypatch, conversation, user, first) -> tuple:
+    """A socket, past its catch-up (`first` again: it has not settled, assistant/live.py
+    resume_floor), and its reads of the log (the catch-up's is the first)."""
+    reads = counted_reads(monkeypatch)
+    comm = communicator(conversation.pk, user, last=first.pk)
+    assert (await comm.connect())[0]
+    await comm.receive_from()
+    return comm, reads
+
+
 async def received_ids(comm, expected: list[int]) -> list[int]:
     seen: list[int] = []
     while set(seen) != set(expected):
@@ -70,10 +79,7 @@ async def test_a_burst_of_events_reaches_the_socket_without_reading_the_log(star
     """The group message carries the events' rows: a busy turn's pushes read nothing
     (the reads were a third of daphne's CPU and much of PostgreSQL's under load)."""
     conversation, turn, first = started
-    reads = counted_reads(monkeypatch)
-    comm = communicator(conversation.pk, alice, last=first.pk)
-    assert (await comm.connect())[0]
-    await comm.receive_from()  # `first` again: it has not settled (assistant/live.py resume_floor)
+    comm, reads = await opened_counting(monkeypatch, conversation, alice, first)
     assert reads == [1]  # the catch-up reads the log
     assert await comm.receive_nothing(timeout=0.3)
 
@@ -90,10 +96,7 @@ async def test_a_burst_of_events_reaches_the_socket_without_reading_the_log(star
 
 async def test_events_too_big_to_carry_are_read_from_the_log(started, alice, monkeypatch):
     conversation, turn, first = started
-    reads = counted_reads(monkeypatch)
-    comm = communicator(conversation.pk, alice, last=first.pk)
-    assert (await comm.connect())[0]
-    await comm.receive_from()
+    comm, reads = await opened_counting(monkeypatch, conversation, alice, first)
     big = await database_sync_to_async(event_record)(
         type="skill.started", turn=turn, summary="a long email", payload={"body": "x" * (MAX_CARRIED_CHARS + 1)})
     assert await received_ids(comm, [big.pk]) == [big.pk]
@@ -105,10 +108,7 @@ async def test_an_event_rolled_back_with_its_savepoint_never_reaches_the_page(st
     """One message per transaction carries the events of one savepoint depth: the rows of
     a savepoint that rolled back go with it, those of the rest of the transaction stay."""
     conversation, turn, first = started
-    counted_reads(monkeypatch)
-    comm = communicator(conversation.pk, alice, last=first.pk)
-    assert (await comm.connect())[0]
-    await comm.receive_from()
+    comm, _ = await opened_counting(monkeypatch, conversation, alice, first)
 
     def mixed() -> list[int]:
         with transaction.atomic():
@@ -237,18 +237,13 @@ async def test_the_socket_pushes_the_answer_as_it_streams_and_stops_when_the_tur
 
 
 async def test_the_draft_arrives_in_its_message_unless_too_long(started, alice, monkeypatch):
-    from orchestration.lifecycle.turns import MAX_CARRIED_DRAFT_CHARS
-
     conversation, turn, first = started
-    reads = counted_reads(monkeypatch)
-    comm = communicator(conversation.pk, alice, last=first.pk)
-    assert (await comm.connect())[0]
-    await comm.receive_from()
+    comm, reads = await opened_counting(monkeypatch, conversation, alice, first)
     await database_sync_to_async(save_draft)(turn, "Bob has")
     assert "Bob has" in await next_draft(comm)
     assert reads == [1]  # the message carried the draft
 
-    long = "word " * (MAX_CARRIED_DRAFT_CHARS // 5) + "the end"
+    long = "word " * (MAX_CARRIED_CHARS // 5) + "the end"
     await database_sync_to_async(save_draft)(turn, long)
     assert "the end" in await next_draft(comm)
     assert reads == [1, 0]  # announced without it: the socket read the log and the draft

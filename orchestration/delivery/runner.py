@@ -93,10 +93,7 @@ class Runner:
         if self.draining:
             self._slots.release()
             return False
-        with self._lock:
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        self.loop.call_soon_threadsafe(self._create_task, job, item_id)
+        self._begin(job, [item_id])
         return True
 
     def start_all(self, job: Job, item_ids: list[int]) -> list[int]:
@@ -109,14 +106,15 @@ class Runner:
                 break
             started.append(item_id)
         if started:
-            with self._lock:
-                self.in_flight += len(started)
-                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            self.loop.call_soon_threadsafe(self._create_tasks, job, started)
+            self._begin(job, started)
         return item_ids[len(started):]
 
-    def _create_task(self, job: Job, item_id: int) -> None:
-        self._create_tasks(job, [item_id])
+    def _begin(self, job: Job, item_ids: list[int]) -> None:
+        """Count in work whose slots are taken, and create its tasks on the loop."""
+        with self._lock:
+            self.in_flight += len(item_ids)
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        self.loop.call_soon_threadsafe(self._create_tasks, job, item_ids)
 
     def _create_tasks(self, job: Job, item_ids: list[int]) -> None:
         for item_id in item_ids:

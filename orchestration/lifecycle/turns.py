@@ -23,11 +23,11 @@ from orchestration.models import (
     TurnStatus,
 )
 from orchestration.questions.pauses import pause_recorded
-from orchestration.reports import otel
 from orchestration.records.catalogue import TURN_COMPLETED, TURN_FAILED, TURN_STARTED, TURN_STOPPED
-from orchestration.records.events import event_record, group_notify
+from orchestration.records.events import MAX_CARRIED_CHARS, event_record, group_notify
 from orchestration.records.history import message_append
 from orchestration.records.outside import conversation_outside_fold
+from orchestration.reports import otel
 from orchestration.reports.errors import failure_of
 from orchestration.zones import user_time_zone
 from skills.models import ExecutionStatus
@@ -97,7 +97,6 @@ _BUSY = "A turn is still running in this conversation. Wait for its answer, or s
 
 
 MAX_DRAFT_CHARS = 100_000
-MAX_CARRIED_DRAFT_CHARS = 32_000  # a longer draft is announced without it: the pages read it
 
 
 def turn_draft_save(*, turn: Turn, token: str, text: str) -> None:
@@ -114,7 +113,7 @@ def turn_draft_save(*, turn: Turn, token: str, text: str) -> None:
         answer_draft=text, lease_expires_at=lease_until()
     ):
         message = {"type": "answer.streamed", "turn_id": turn.pk}
-        if len(text) <= MAX_CARRIED_DRAFT_CHARS:
+        if len(text) <= MAX_CARRIED_CHARS:  # a longer one is announced without it: the pages read it
             message["draft"] = text
         group_notify(turn.conversation_id, message)
 

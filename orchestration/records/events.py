@@ -96,7 +96,7 @@ def _publish_after_commit(events: list[Event]) -> None:
 
 
 # What a message carries at most; a bigger batch (a skill's long arguments in a payload)
-# is announced without its rows, and the sockets read it from the log.
+# or answer draft is announced without it, and the sockets read it from the database.
 MAX_CARRIED_CHARS = 32_000
 
 
