@@ -109,6 +109,7 @@ class Agent:
     counted: bool = False  # the next call is counted against the turn's cap already
     ran_ahead: dict[str, Ahead] = field(default_factory=dict)  # this step's read-only calls, run before it is stored
     verified_at: float = float("-inf")  # when the lease was last found ours (time.monotonic)
+    ended: bool = False  # its report was stored with its end, in one transaction (`_store_report`)
     renewed_at: float = float("-inf")  # when it was last renewed
     llm_calls: int = 0
     used: int = 0
@@ -231,12 +232,16 @@ class Agent:
     def model(self) -> str:
         return self.dispatch.model or settings.ASSISTANT_AGENT_MODEL
 
-    def progress(self) -> dict:
+    def progress(self, taking: LLMResponse | None = None) -> dict:
         """What the row keeps of the run so far, written with the next heartbeat (or the
-        end): a crash in between loses nothing a replay does not rebuild."""
-        return {"transcript": self.messages[1:], "tool_calls_used": self.used, "llm_calls": self.llm_calls,
-                "prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens,
-                "cached_tokens": self.usage.cached_tokens}
+        end): a crash in between loses nothing a replay does not rebuild. With `taking`,
+        as it will stand once that answer is taken in (`act`)."""
+        messages, usage, calls = self.messages[1:], self.usage, self.llm_calls
+        if taking is not None:
+            messages, usage, calls = messages + [taking.as_message()], usage + taking.usage, calls + 1
+        return {"transcript": messages, "tool_calls_used": self.used, "llm_calls": calls,
+                "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                "cached_tokens": usage.cached_tokens}
 
     def check(self, **fields) -> Next | None:
         """Renew the lease (writing `fields`) while the agent may go on; else say why
@@ -397,6 +402,8 @@ class Agent:
         )
         self.stored[_key(dispatch, step)] = response.to_json()
         self.counted = False  # the call that was counted is made
+        if (report := _report(response)) is not None:
+            return self._store_report(step, response, duration_ms, report)
         next_call = bool(response.tool_calls)  # an answer with tool calls is followed by another call
         if self._take_counters(next_call=next_call, skill_calls=len(self.ran_ahead)):
             self.counted = next_call
@@ -414,6 +421,23 @@ class Agent:
         # Stopped (or ended, or taken over): the answer is paid for and in the audit, so
         # the timeline says so too, and the page's counters, which follow events, count it.
         events_record([_step_event(dispatch, step, response, duration_ms, too_late=stop is steps.STOP)])
+        return stop
+
+    def _store_report(self, step: int, response: LLMResponse, duration_ms: int, report: Next) -> Next | None:
+        """The agent's `report`, stored with its end in the same transaction:
+        the answer, the agent's row (which also checks that it is still ours and its turn
+        live), both events, the turn's tokens and the schedule rule. One commit where a
+        store and then an end took two, on the path every agent's end and every
+        dependency's hand-off takes. `act` then finds the agent done, and `end` that it
+        is written."""
+        if _finish(self.dispatch, self.token, outcome=report.outcome, result=report.result, error="",
+                   progress={**self.progress(taking=response), "outside": self.outside},
+                   usage=self.usage + response.usage, turn_live=True,
+                   step_events=[_step_event(self.dispatch, step, response, duration_ms)]):
+            transaction.on_commit(lambda: setattr(self, "ended", True))
+            return None
+        stop = self.check()  # as for an answer whose counters could not be taken
+        events_record([_step_event(self.dispatch, step, response, duration_ms, too_late=stop is steps.STOP)])
         return stop
 
     def _take_counters(self, *, next_call: bool, skill_calls: int) -> bool:
@@ -445,9 +469,9 @@ class Agent:
         self.llm_calls += 1
         messages.append(response.as_message())
         self.last_text = response.content or self.last_text
+        if (report := _report(response)) is not None:
+            return report
         if not response.tool_calls:
-            if response.content.strip() and response.finish_reason != "length":
-                return steps.done(DispatchOutcome.COMPLETED, response.content)
             self.idle += 1
             if self.idle >= MAX_IDLE_REPLIES:
                 return _idle_stop(self.idle, self.last_text, messages)
@@ -569,6 +593,8 @@ class Agent:
 
     def end(self, next_step: Next) -> None:
         kind, dispatch = next_step.kind, self.dispatch
+        if self.ended:  # with its report (`_store_report`)
+            return
         if kind is steps.Kind.DONE:
             _finish(dispatch, self.token, outcome=next_step.outcome, result=next_step.result, error=next_step.error,
                     progress={**self.progress(), "outside": self.outside}, usage=self.usage)
@@ -594,6 +620,13 @@ def _refusal(dispatch: AgentDispatch, limits: Limits) -> str:
                 f"{dispatch.agent_id} is at depth {dispatch.depth} and cannot dispatch agents. "
                 "Do the work yourself with use_skill.")
     return f"{dispatch.agent_id} may not dispatch agents (its profile does not delegate); its only tool is use_skill."
+
+
+def _report(response: LLMResponse) -> Next | None:
+    """The agent's end, if `response` is its report: no tool calls, and text not cut off."""
+    if response.tool_calls or not response.content.strip() or response.finish_reason == "length":
+        return None
+    return steps.done(DispatchOutcome.COMPLETED, response.content)
 
 
 def _step_event(dispatch: AgentDispatch, step: int, response: LLMResponse, duration_ms: int, *,
@@ -700,33 +733,36 @@ def _partial(last_text: str, messages: list[dict], *, note: str = "") -> str:
     return "\n".join(parts) or "No result."
 
 
-@transaction.atomic
+@transaction.atomic(savepoint=False)
 def _finish(dispatch: AgentDispatch, token: str, *, outcome: str, result: str, error: str, progress: dict,
-            usage: Usage) -> None:
+            usage: Usage, turn_live: bool = False, step_events: list | None = None) -> bool:
     """running → waiting_for_merge (or failed), with the run's `progress` (transcript,
-    counters, outside content); the turn takes the agent's `usage`, and the schedule rule
-    takes it from there."""
+    counters, outside content), if the agent is still ours (and, with `turn_live`, its
+    turn runs); the turn takes the agent's `usage`, and the schedule rule takes it from
+    there. `step_events` (its last step's) go in the one INSERT with the end's."""
     now = timezone.now()
     ok = outcome in lifecycle.SUCCESS_OUTCOMES
     duration_ms = int((now - (dispatch.started_at or now)).total_seconds() * 1000)
     if not lifecycle.transition(
         dispatch.pk, source=DispatchState.RUNNING,
         target=DispatchState.WAITING_FOR_MERGE if ok else DispatchState.FAILED, where={"lease_token": token},
-        outcome=outcome, result=result or error, error=error,
+        turn_live=turn_live, outcome=outcome, result=result or error, error=error,
         finished_at=now, duration_ms=duration_ms, lease_token="", lease_expires_at=None, **progress,
     ):
-        return
+        return False
     tool_calls = progress.get("tool_calls_used", dispatch.tool_calls_used)
     if ok:
-        event_record(type=AGENT_WAITING_FOR_MERGE, dispatch=dispatch,
-                     summary=f"{dispatch.agent_id} finished ({outcome}, {tool_calls} tool call{'s' if tool_calls != 1 else ''})",
-                     payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome,
-                              "result": result[:4000], "tool_calls_used": tool_calls, "duration_ms": duration_ms})
+        ended = event_new(type=AGENT_WAITING_FOR_MERGE, dispatch=dispatch,
+                          summary=f"{dispatch.agent_id} finished ({outcome}, {tool_calls} tool call{'s' if tool_calls != 1 else ''})",
+                          payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome,
+                                   "result": result[:4000], "tool_calls_used": tool_calls, "duration_ms": duration_ms})
     else:
-        event_record(type=AGENT_FAILED, dispatch=dispatch,
-                     summary=f"{dispatch.agent_id} failed: {failure_of(error).words[:150]}",
-                     payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome, "error": error,
-                              "duration_ms": duration_ms})
+        ended = event_new(type=AGENT_FAILED, dispatch=dispatch,
+                          summary=f"{dispatch.agent_id} failed: {failure_of(error).words[:150]}",
+                          payload={"sub_agent_id": dispatch.agent_id, "outcome": outcome, "error": error,
+                                   "duration_ms": duration_ms})
+    events_record([*(step_events or []), ended])
     lifecycle.turn_counter_add(dispatch.turn_id, prompt_tokens=usage.prompt_tokens,
                                completion_tokens=usage.completion_tokens, cached_tokens=usage.cached_tokens)
     lifecycle.dispatch_settle(turn_id=dispatch.turn_id, dispatch=dispatch)
+    return True

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.db import transaction
-from django.db.models import Case, CharField, Count, F, Sum, Value, When
+from django.db.models import Case, CharField, Count, Exists, F, OuterRef, Sum, Value, When
 from django.utils import timezone
 
 from orchestration.delivery.queue import enqueue_orchestrator_step, enqueue_subagents
@@ -94,12 +94,16 @@ def _checked(table: frozenset, source: str | Iterable[str], target: str) -> list
 
 
 def transition(dispatch_id: int, *, source: str | Iterable[str], target: str, where: dict | None = None,
-               **fields) -> bool:
+               turn_live: bool = False, **fields) -> bool:
     """Move a dispatch from `source` (a state or several) to `target`, setting `fields`,
-    if it is still there (and matches `where`, e.g. the caller's lease token). False when
-    another worker, the owner or the reaper moved it first: the caller must not go on."""
+    if it is still there (and matches `where`, e.g. the caller's lease token; with
+    `turn_live`, while its turn runs or waits). False when another worker, the owner or
+    the reaper moved it first: the caller must not go on."""
     sources = _checked(AGENT_TRANSITIONS, source, target)
     matching = AgentDispatch.objects.filter(pk=dispatch_id, state__in=sources, **(where or {}))
+    if turn_live:  # EXISTS, not a join: an UPDATE over a join is a subquery of the table itself
+        matching = matching.filter(Exists(Turn.objects.filter(
+            pk=OuterRef("turn_id"), status__in=(TurnStatus.RUNNING, TurnStatus.WAITING))))
     return bool(matching.update(state=target, **fields))
 
 

@@ -36,7 +36,8 @@ NOT_THE_STEPS = re.compile(r'"(skills_task|orchestration_providercapacity|skills
 AGENT_STEP = 4  # answer, the turn's counters (and the lease), the calls run ahead, the events
 AGENT_STEP_COMMITS = 1
 ORCHESTRATOR_STEPS = {"get_skill": 11, "dispatch": 15, "results": 18}  # results: two agents merged in 3
-HANDOFF = 15  # the dependency's report → the dependent's first request
+HANDOFF = 13  # the dependency's report (stored with its end) → the dependent's first request
+HANDOFF_COMMITS = 2  # the report with the end, then the dependent's claim
 
 
 class Segments:
@@ -113,3 +114,4 @@ def test_the_orchestrators_steps_and_a_hand_off_keep_their_budgets(measure):
     (handoff,) = [segments.segments[i] for i in range(len(segments.segments) - 1)
                   if segments.segments[i]["who"] == "agent:a" and segments.segments[i + 1]["who"] == "agent:b"]
     assert len(handoff["sql"]) <= HANDOFF, shown(handoff)
+    assert handoff["commits"] == HANDOFF_COMMITS, shown(handoff)
