@@ -296,24 +296,36 @@ def test_header_durations_and_retry_after():
     assert retry_after_seconds({}) is None
 
 
-async def test_an_unlimited_model_costs_no_transaction_and_still_sees_another_process_hold(monkeypatch):
-    """The database store reads an unmetered model's row at most every 0.1 s per
-    process: a call costs no lock and no write, and a 429 hold another process records
+@pytest.mark.parametrize("backend", ["database", "redis"])
+async def test_an_unlimited_model_costs_no_write_and_still_sees_another_process_hold(backend, monkeypatch):
+    """Either store reads an unmetered model's state at most every 0.1 s per process: a
+    call costs no lock, no script and no write, and a 429 hold another process records
     reaches this one within that time."""
     from asgiref.sync import sync_to_async
 
     from orchestration.llm.capacity import stores
     from orchestration.models import ProviderCapacity
 
-    reads = []
-    state = DatabaseStore._state
-    monkeypatch.setattr(DatabaseStore, "_state", staticmethod(lambda key: reads.append(key) or state(key)))
-    a, b = DatabaseStore(runner.db), DatabaseStore(runner.db)
+    if backend == "redis" and not os.environ.get("REDIS_URL"):
+        pytest.skip("needs Redis (set REDIS_URL)")
+    reads, scripts = [], []
+    if backend == "database":
+        state = DatabaseStore._state
+        monkeypatch.setattr(DatabaseStore, "_state", staticmethod(lambda key: reads.append(key) or state(key)))
+        a, b = DatabaseStore(runner.db), DatabaseStore(runner.db)
+    else:
+        prefix = f"test-capacity:{uuid.uuid4().hex}:"
+        a, b = RedisStore(os.environ["REDIS_URL"], prefix=prefix), RedisStore(os.environ["REDIS_URL"], prefix=prefix)
+        read, run = RedisStore._state_read, RedisStore._run
+        monkeypatch.setattr(RedisStore, "_state_read", lambda self, key: reads.append(key) or read(self, key))
+        monkeypatch.setattr(RedisStore, "_run", lambda self, *args: scripts.append(args[2]) or run(self, *args))
     conf = Limits()  # nothing configured, nothing stated
     assert await take(a, T0, conf, grant="g1") == 0
     assert await take(a, T0 + 0.05, conf, grant="g2") == 0
     await a.settle(ENDPOINT, MODEL, now=T0 + 0.06, conf=conf, reserved=0, actual=10, grant_id="g1")
-    assert len(reads) == 1 and not await sync_to_async(ProviderCapacity.objects.exists)()  # one read, no write
+    assert len(reads) == 1 and not scripts  # one read, no script
+    assert not await sync_to_async(ProviderCapacity.objects.exists)()  # and no row
     await b.hold(ENDPOINT, MODEL, now=T0 + 0.07, conf=conf, until=T0 + 30)
     assert await take(a, T0 + 0.08, conf, grant="g3") == 0  # still within the moment it trusts
     assert await take(a, T0 + stores.UNMETERED_SECONDS + 0.1, conf, grant="g4") > 0  # then it reads the hold
+    assert len(reads) == 2

@@ -10,6 +10,9 @@
 - MemoryStore: one process's accounting, a dict under a lock (tests, and any caller that
   needs no sharing).
 
+In Redis and the database alike, a model with no limit (none configured or stated, no
+hold) costs a call no write: its state is read at most every UNMETERED_SECONDS per process.
+
 Each method takes the caller's clock reading (`now`, seconds since the epoch): every
 machine of a deployment is expected to keep NTP time, as the leases already do.
 """
@@ -88,22 +91,54 @@ class MemoryStore(_DictStore):
 
 
 # How long a process trusts that a model without limits has none (no 429 hold, no limit
-# stated in another process's headers) before it reads the row again.
+# stated in another process's headers) before it reads its state again.
 UNMETERED_SECONDS = 0.1
 
 
-class DatabaseStore(_DictStore):
-    """Rows of ProviderCapacity, locked for one short transaction each time.
+class _TrustsUnmetered:
+    """A model with no limit (none configured, none stated by the provider, no hold)
+    costs a call no write and no settling: its state is read, without a lock, at most
+    once every UNMETERED_SECONDS per process, so a hold or a limit another process
+    learned still reaches this one within that time. Every metered call is accounted
+    exactly. A subclass reads the state (`_state_read`)."""
 
-    A model with no limit (none configured, none stated by the provider) costs a call no
-    transaction: the row is read, unlocked, at most once every UNMETERED_SECONDS per
-    process, so a hold or a limit another process learned still reaches this one within
-    that time. Every metered call is accounted exactly."""
-
-    def __init__(self, offload: Offload):
-        self.offload = offload
+    def __init__(self):
         self._open_until: dict[str, float] = {}  # key → until when it is known unmetered
         self._unmetered: set[str] = set()  # grants that took nothing, so settle nothing
+
+    async def _state_read(self, key: str) -> dict:
+        raise NotImplementedError
+
+    async def _goes_unmetered(self, key: str, *, now: float, conf: Limits, concurrency: int, grant_id: str) -> bool:
+        """Whether this call goes without the accounting (and then its settle too)."""
+        if concurrency or conf.rpm or conf.tpm:
+            return False
+        if self._open_until.get(key, 0.0) <= now:
+            if not buckets.unmetered(await self._state_read(key), now, conf):
+                self._open_until.pop(key, None)
+                return False
+            self._open_until[key] = now + UNMETERED_SECONDS
+        self._unmetered.add(grant_id)
+        return True
+
+    def _settled_unmetered(self, grant_id: str) -> bool:
+        if grant_id not in self._unmetered:
+            return False
+        self._unmetered.discard(grant_id)
+        return True
+
+    def _changed(self, key: str) -> None:
+        """This process changed the key's state (a hold, a stated limit): read it again."""
+        self._open_until.pop(key, None)
+
+
+class DatabaseStore(_TrustsUnmetered, _DictStore):
+    """Rows of ProviderCapacity, locked for one short transaction each time; a model with
+    no limit costs a call no transaction (`_TrustsUnmetered`)."""
+
+    def __init__(self, offload: Offload):
+        super().__init__()
+        self.offload = offload
 
     @staticmethod
     def _state(key: str) -> dict:
@@ -111,14 +146,8 @@ class DatabaseStore(_DictStore):
 
         return ProviderCapacity.objects.filter(key=key).values_list("state", flat=True).first() or {}
 
-    async def _is_unmetered(self, key: str, now: float, conf: Limits) -> bool:
-        if self._open_until.get(key, 0.0) > now:
-            return True
-        if buckets.unmetered(await self.offload(self._state, key), now, conf):
-            self._open_until[key] = now + UNMETERED_SECONDS
-            return True
-        self._open_until.pop(key, None)
-        return False
+    async def _state_read(self, key: str) -> dict:
+        return await self.offload(self._state, key)
 
     @staticmethod
     def _locked(*keys: str) -> dict[str, dict]:
@@ -148,8 +177,8 @@ class DatabaseStore(_DictStore):
 
     async def acquire(self, endpoint: str, model: str, *, concurrency: int, **kw) -> float:
         key = model_key(endpoint, model)
-        if not concurrency and await self._is_unmetered(key, kw["now"], kw["conf"]):
-            self._unmetered.add(kw["grant_id"])
+        if await self._goes_unmetered(key, now=kw["now"], conf=kw["conf"], concurrency=concurrency,
+                                      grant_id=kw["grant_id"]):
             return 0.0
         keys = (key, endpoint_key(endpoint)) if concurrency else (key,)
 
@@ -160,8 +189,7 @@ class DatabaseStore(_DictStore):
         return await self.offload(self._in_transaction, take, *keys)
 
     async def settle(self, endpoint: str, model: str, *, concurrency: int = 0, **kw) -> None:
-        if kw["grant_id"] in self._unmetered:
-            self._unmetered.discard(kw["grant_id"])
+        if self._settled_unmetered(kw["grant_id"]):
             return
         key = model_key(endpoint, model)
         keys = (key, endpoint_key(endpoint)) if concurrency else (key,)
@@ -174,12 +202,12 @@ class DatabaseStore(_DictStore):
 
     async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
         key = model_key(endpoint, model)
-        self._open_until.pop(key, None)
+        self._changed(key)
         await self.offload(self._in_transaction, lambda states: buckets.hold(states[key], until), key)
 
     async def observe(self, endpoint: str, model: str, *, now: float, conf: Limits, seen: Observed) -> None:
         key = model_key(endpoint, model)
-        self._open_until.pop(key, None)
+        self._changed(key)
         await self.offload(self._in_transaction,
                            lambda states: buckets.observe(states[key], now, conf=conf, seen=seen), key)
 
@@ -269,10 +297,16 @@ return '0'
 """
 
 
-class RedisStore:
-    """The accounting in Redis: every step one atomic script call."""
+# What tells whether a model is unmetered (buckets.unmetered), as the script names it.
+UNMETERED_FIELDS = ("rpm", "tpm", "held", "urgent")
+
+
+class RedisStore(_TrustsUnmetered):
+    """The accounting in Redis: every step one atomic script call; a model with no limit
+    costs a call no script (`_TrustsUnmetered`)."""
 
     def __init__(self, url: str, *, prefix: str = "assistant:capacity:"):
+        super().__init__()
         self.url, self.prefix = url, prefix
         self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -300,17 +334,29 @@ class RedisStore:
             result = await client.register_script(_SCRIPT)(keys=keys, args=argv)
         return result.decode() if isinstance(result, bytes) else str(result)
 
+    async def _state_read(self, key: str) -> dict:
+        async with self._client() as client:
+            values = await client.hmget(self.prefix + key, UNMETERED_FIELDS)
+        return {name: value.decode() for name, value in zip(UNMETERED_FIELDS, values) if value is not None}
+
     async def acquire(self, endpoint: str, model: str, *, now, tokens, conf, urgent, concurrency, grant_id,
                       expires) -> float:
+        if await self._goes_unmetered(model_key(endpoint, model), now=now, conf=conf, concurrency=concurrency,
+                                      grant_id=grant_id):
+            return 0.0
         return float(await self._run(endpoint, model, "acquire", now, conf, tokens, "1" if urgent else "0",
                                      concurrency, grant_id, repr(expires), repr(buckets.SLOT_POLL_SECONDS),
                                      repr(buckets.URGENT_MARGIN_SECONDS)))
 
     async def settle(self, endpoint: str, model: str, *, now, conf, reserved, actual, grant_id, concurrency=0) -> None:
+        if self._settled_unmetered(grant_id):
+            return
         await self._run(endpoint, model, "settle", now, conf, reserved, actual, grant_id)
 
     async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
+        self._changed(model_key(endpoint, model))
         await self._run(endpoint, model, "hold", now, conf, repr(until))
 
     async def observe(self, endpoint: str, model: str, *, now: float, conf: Limits, seen: Observed) -> None:
+        self._changed(model_key(endpoint, model))
         await self._run(endpoint, model, "observe", now, conf, json.dumps(vars(seen)))
