@@ -30,8 +30,11 @@ TASKS = {ORCHESTRATOR: "orchestration.worker.tasks.orchestrator_step",
 JOBS: dict[str, Callable[[int], Awaitable[None]]] = {}
 
 
-def enqueue_orchestrator_step(turn_id: int) -> None:
-    Turn.objects.filter(pk=turn_id).update(queued_at=timezone.now())
+def enqueue_orchestrator_step(turn_id: int, *, stamped: bool = False) -> None:
+    """Deliver the turn's next step after the commit; `stamped`: the caller's own UPDATE
+    of the turn set its `queued_at` (one statement less)."""
+    if not stamped:
+        Turn.objects.filter(pk=turn_id).update(queued_at=timezone.now())
     transaction.on_commit(lambda: deliver(ORCHESTRATOR, turn_id))
 
 

@@ -247,9 +247,10 @@ def orchestrator_wake_if_ready(turn: Turn, dispatches: list[AgentDispatch] | Non
         dispatches = list(turn.dispatches.filter(agent_id__in=awaited))
     if any(d.agent_id in awaited and not is_terminal(d) for d in dispatches):
         return False
-    if turn_move(turn.pk, source=TurnStatus.WAITING, target=TurnStatus.RUNNING):
-        enqueue_orchestrator_step(turn.pk)
-        turn.status, turn.queued_at = TurnStatus.RUNNING, timezone.now()
+    now = timezone.now()
+    if turn_move(turn.pk, source=TurnStatus.WAITING, target=TurnStatus.RUNNING, queued_at=now):
+        enqueue_orchestrator_step(turn.pk, stamped=True)
+        turn.status, turn.queued_at = TurnStatus.RUNNING, now
         return True
     return False
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django.db.models import Max
+from django.db.models import Max, Subquery
+from django.db.models.functions import Coalesce
 
 from orchestration.models import Message, Turn
 
@@ -17,12 +18,20 @@ def message_append(*, turn: Turn, role: str, content: str = "", tool_calls=None,
 
 
 def messages_append(*, turn: Turn, messages: list[dict]) -> list[Message]:
-    """Append several in one INSERT (a batch of dispatch_agent answers, say), in order."""
-    last = turn.conversation.messages.aggregate(last=Max("seq"))["last"] or 0
-    return Message.objects.bulk_create([
-        Message(conversation=turn.conversation, turn=turn, seq=last + index, **fields)
+    """Append several in one INSERT (a batch of dispatch_agent answers, say), in order.
+
+    Their `seq` is numbered by the INSERT itself, after the conversation's last (every row's
+    subquery sees the table as the statement began): no read of the last one before. The
+    messages returned read their `seq` back only if asked (a deferred field)."""
+    last = Coalesce(Subquery(Message.objects.filter(conversation_id=turn.conversation_id).order_by()
+                             .values("conversation_id").annotate(last=Max("seq")).values("last")), 0)
+    created = Message.objects.bulk_create([
+        Message(conversation_id=turn.conversation_id, turn=turn, seq=last + index, **fields)
         for index, fields in enumerate(messages, start=1)
     ])
+    for message in created:
+        del message.__dict__["seq"]  # the expression, not the number: loaded when read
+    return created
 
 
 def llm_messages(*, turn: Turn, system_prompt: str) -> list[dict]:
