@@ -85,6 +85,14 @@ def agent_call_reserve(*, turn_id: int, limits: Limits) -> None:
     )
 
 
+def agent_calls_reserve(*, turn_id: int, limits: Limits, count: int) -> bool:
+    """Count `count` sub-agent model calls (the first of agents that start together)
+    against the turn's cap in one UPDATE, if all fit: else none, and each agent reserves
+    its own (`agent_call_reserve`, which trips the limit the usual way)."""
+    return bool(Turn.objects.filter(pk=turn_id, agent_llm_calls__lte=limits.turn_max_llm_calls - count).update(
+        agent_llm_calls=F("agent_llm_calls") + count))
+
+
 def agent_call_release(*, turn_id: int) -> None:
     """Give back a counted call that was not made (the allowance refused it)."""
     Turn.objects.filter(pk=turn_id, agent_llm_calls__gt=0).update(agent_llm_calls=F("agent_llm_calls") - 1)

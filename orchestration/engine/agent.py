@@ -29,7 +29,13 @@ from django.utils import timezone
 from orchestration.budgets.budget import reserve_skill_call, skill_started_event
 from orchestration.budgets.limits import Limits
 from orchestration.budgets.pricing import call_cost
-from orchestration.budgets.spending import SpendMeter, agent_call_release, agent_call_reserve
+from orchestration.budgets.spending import (
+    SpendMeter,
+    agent_call_release,
+    agent_call_reserve,
+    agent_calls_reserve,
+    caps_for,
+)
 from orchestration.delivery import runner
 from orchestration.delivery.leases import VERIFIED_SECONDS, LeaseLost, lease_until, new_token
 from orchestration.engine import steps
@@ -138,11 +144,11 @@ class Agent:
                 turn__status__in=LIVE_TURN).update(queued_at=None)
             return None
         token, now, awaited = new_token(), timezone.now(), dispatch.awaiting
-        first_start = dispatch.started_at is None
+        first_start, counted = dispatch.started_at is None, False
         if first_start:
             timeout = timedelta(seconds=Limits.from_json(dispatch.turn.limits).agent_timeout_seconds)
             dispatch.started_at, dispatch.deadline_at = now, now + timeout
-        with transaction.atomic():  # one commit: the claim and its event
+        with transaction.atomic():  # one commit: the claim, its event (and its first call counted)
             if not lifecycle.transition(
                 dispatch_id, source=DispatchState.CREATED, target=DispatchState.RUNNING,
                 lease_token=token, lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None,
@@ -153,6 +159,7 @@ class Agent:
             if first_start:
                 event_record(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
                              payload={"sub_agent_id": dispatch.agent_id})
+                counted = _first_calls_reserve([dispatch])  # in this commit, not one of its own
             else:
                 reason = "its agents finished" if awaited else "redelivered"
                 event_record(type=AGENT_ATTEMPT, dispatch=dispatch,
@@ -161,14 +168,16 @@ class Agent:
                                       "crashes": dispatch.crashes, "awaited": (awaited or {}).get("agent_ids", [])})
         claimed = time.monotonic()  # its lease just taken: the first call need not ask again
         return cls(dispatch=dispatch, token=token, first_start=first_start, renewed_at=claimed, verified_at=claimed,
-                   label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})")
+                   counted=counted, label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})")
 
     @classmethod
     def claim_many(cls, dispatch_ids: list[int]) -> dict[int, Agent]:
         """Agents that became ready together (one dispatch answer, one finished
         dependency), each claimed as `claim` would, the first starts in one transaction of
-        three statements however many there are: claimed one by one, eight agents of a
-        dispatch answer started one after another on the process's database threads."""
+        four statements however many there are (read them, move them, their events, and
+        their first model calls counted against the turn's cap), and their owner's caps
+        read once: claimed one by one, eight agents of a dispatch answer started one after
+        another on the process's database threads, each then counting its first call."""
         if len(dispatch_ids) == 1:
             return {pk: agent for pk in dispatch_ids if (agent := cls.claim(pk)) is not None}
         ready = {dispatch.pk: dispatch for dispatch in (
@@ -191,10 +200,15 @@ class Agent:
                 dispatch.lease_token, dispatch.deadline_at = values[dispatch.pk]["lease_token"], values[dispatch.pk]["deadline_at"]
             events_record([event_new(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
                                      payload={"sub_agent_id": dispatch.agent_id}) for dispatch in started])
+            counted = _first_calls_reserve(started)
+        owners = {dispatch.turn.conversation.owner_id: dispatch.turn.conversation.owner for dispatch in started}
+        caps = {pk: caps_for(owner) for pk, owner in owners.items()}  # read once, as each delivery would
         claimed_at = time.monotonic()
         return claimed | {dispatch.pk: cls(
             dispatch=dispatch, token=dispatch.lease_token, first_start=True, renewed_at=claimed_at,
-            verified_at=claimed_at, label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})") for dispatch in started}
+            verified_at=claimed_at, counted=counted, label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})",
+            spend=SpendMeter(owners[dispatch.turn.conversation.owner_id],
+                             caps=caps[dispatch.turn.conversation.owner_id])) for dispatch in started}
 
     def load(self) -> None:
         """The run as the store has it (again, after a transient database error)."""
@@ -620,6 +634,17 @@ def _refusal(dispatch: AgentDispatch, limits: Limits) -> str:
                 f"{dispatch.agent_id} is at depth {dispatch.depth} and cannot dispatch agents. "
                 "Do the work yourself with use_skill.")
     return f"{dispatch.agent_id} may not dispatch agents (its profile does not delegate); its only tool is use_skill."
+
+
+def _first_calls_reserve(started: list[AgentDispatch]) -> bool:
+    """The first model call of each agent started together, counted in one UPDATE (they
+    are one turn's: one dispatch answer, one finished dependency). False if they are not,
+    or would pass the turn's cap: then each counts its own before its call."""
+    turn_ids = {dispatch.turn_id for dispatch in started}
+    if len(turn_ids) != 1:
+        return False
+    return agent_calls_reserve(turn_id=started[0].turn_id, limits=Limits.from_json(started[0].turn.limits),
+                               count=len(started))
 
 
 def _report(response: LLMResponse) -> Next | None:

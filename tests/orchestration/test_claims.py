@@ -18,7 +18,7 @@ from django.utils import timezone
 from orchestration.engine import loop
 from orchestration.engine.agent import Agent
 from orchestration.lifecycle import dispatches as lifecycle
-from orchestration.models import AgentDispatch, DispatchState, Event, TurnStatus
+from orchestration.models import AgentDispatch, DispatchState, Event, Turn, TurnStatus
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,8 +40,12 @@ def test_agents_ready_together_are_claimed_in_one_transaction(ready):
     ids = [d.pk for d in dispatches]
     with CaptureQueriesContext(connection) as queries:
         claimed = Agent.claim_many(ids)
-    assert len(statements(queries)) == 3, statements(queries)  # read them, move them, their events
+    # Read them, move them, their events, their first calls counted; and the owner's caps.
+    assert len(statements(queries)) == 5, statements(queries)
     assert set(claimed) == set(ids)
+    turn.refresh_from_db()
+    assert turn.agent_llm_calls == 4 and all(agent.counted for agent in claimed.values())
+    assert len({id(agent.spend.caps) for agent in claimed.values()}) == 1 and claimed[ids[0]].spend.caps.unlimited
     rows = {d.pk: d for d in AgentDispatch.objects.filter(pk__in=ids)}
     assert {rows[pk].state for pk in ids} == {DispatchState.RUNNING}
     assert len({rows[pk].lease_token for pk in ids}) == 4  # each its own lease
@@ -53,6 +57,17 @@ def test_agents_ready_together_are_claimed_in_one_transaction(ready):
 
     assert Agent.claim_many(ids) == {}  # a second delivery claims nothing
     assert started.count() == 4
+
+
+def test_first_calls_that_would_pass_the_turns_cap_are_counted_one_by_one(ready):
+    """Near the cap the claim counts nothing: each agent counts its own call before making
+    it, and those past the cap trip the limit the usual way (a pause)."""
+    turn, dispatches = ready
+    Turn.objects.filter(pk=turn.pk).update(limits={**turn.limits, "turn_max_llm_calls": 3})
+    claimed = Agent.claim_many([d.pk for d in dispatches])
+    turn.refresh_from_db()
+    assert len(claimed) == 4 and turn.agent_llm_calls == 0
+    assert not any(agent.counted for agent in claimed.values())
 
 
 def test_a_claim_of_several_keeps_what_a_claim_of_one_does(ready):
