@@ -75,6 +75,9 @@ class Orchestrator:
         self.call: dict = {}
         self.profiles: dict | None = None
         self.verified_at = float("-inf")  # when the lease was last found ours (time.monotonic)
+        # The answer this delivery has just stored, as acting needs it (its message, its
+        # tool calls, and whether a note followed it): no read of the history back.
+        self.stored: tuple[Message, list[dict], bool] | None = None
 
     # --- claim and replay ---------------------------------------------------------------
 
@@ -92,6 +95,7 @@ class Orchestrator:
         return orchestrator
 
     def load(self) -> None:
+        self.stored = None
         self.turn = Turn.objects.select_related("conversation__owner").get(pk=self.turn_id)
         self.limits = Limits.from_json(self.turn.limits)
         self.spend = self.spend or SpendMeter(self.turn.conversation.owner)
@@ -214,13 +218,14 @@ class Orchestrator:
         LLMCall.objects.create(turn=turn, key=f"orchestrator:{iteration}", model=model, response=response.to_json(),
                                duration_ms=duration_ms, **usage, cost_usd=call_cost(model, response.usage))
         turn.llm_iterations = iteration
-        message_append(  # the whole response is in the LLMCall above; the chat keeps a bounded copy
+        tool_calls = [tool_call_message(call) for call in calls]
+        assistant = message_append(  # the whole response is in the LLMCall above; the chat keeps a bounded copy
             turn=turn, role=Message.Role.ASSISTANT,
-            content=text_bounded(response.content, limit=output_limit("answer_chars")),
-            tool_calls=[tool_call_message(call) for call in calls],
+            content=text_bounded(response.content, limit=output_limit("answer_chars")), tool_calls=tool_calls,
         )
         if problem := _response_problem(response, calls):
             message_append(turn=turn, role=Message.Role.NOTE, content=problem)
+        transaction.on_commit(lambda: setattr(self, "stored", (assistant, tool_calls, bool(problem))))
         event_record(
             type=ORCHESTRATOR_LLM_CALL, turn=turn, summary=_llm_summary(iteration, response, calls),
             payload={"iteration": iteration, "model": model, "duration_ms": duration_ms,
@@ -244,13 +249,19 @@ class Orchestrator:
             return self.check() or steps.STOP
 
     def _act(self) -> Next:
-        turn = self.turn
-        assistant, pending = pending_tool_calls(turn)
+        """Act on the last answer: the one just stored, or (replaying) as the history has it."""
+        turn, stored, self.stored = self.turn, self.stored, None
+        if stored is not None:
+            assistant, pending, noted = stored
+        else:
+            (assistant, pending), noted = pending_tool_calls(turn), None
         if pending:
             return self._answer_tool_calls(pending)
-        if assistant is not None and assistant.content and assistant.seq == _last_seq(turn):
-            return steps.done("completed", answer=assistant)
-        return steps.AGAIN
+        if assistant is None or not assistant.content:
+            return steps.AGAIN
+        if noted is None:  # did an engine note follow it?
+            noted = assistant.seq != _last_seq(turn)
+        return steps.AGAIN if noted else steps.done("completed", answer=assistant)
 
     def _answer_tool_calls(self, pending: list[dict]) -> Next:
         calls = [ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
