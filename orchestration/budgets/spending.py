@@ -70,9 +70,7 @@ DAY, MONTH = SpendCounter.Period.DAY, SpendCounter.Period.MONTH
 
 def agent_call_reserve(*, turn_id: int, limits: Limits) -> None:
     """Count one sub-agent model call against the turn's cap, or trip it (LimitTripped)."""
-    if Turn.objects.filter(pk=turn_id, agent_llm_calls__lt=limits.turn_max_llm_calls).update(
-        agent_llm_calls=F("agent_llm_calls") + 1
-    ):
+    if agent_calls_reserve(turn_id=turn_id, limits=limits, count=1):
         return
     # The turn's snapshot may have been raised by a Continue since this agent read it.
     current, used = Turn.objects.values_list("limits", "agent_llm_calls").get(pk=turn_id)
@@ -86,9 +84,9 @@ def agent_call_reserve(*, turn_id: int, limits: Limits) -> None:
 
 
 def agent_calls_reserve(*, turn_id: int, limits: Limits, count: int) -> bool:
-    """Count `count` sub-agent model calls (the first of agents that start together)
-    against the turn's cap in one UPDATE, if all fit: else none, and each agent reserves
-    its own (`agent_call_reserve`, which trips the limit the usual way)."""
+    """Count `count` sub-agent model calls against the turn's cap in one UPDATE, if all
+    fit; else count none (False). Agents that start together count their first calls so;
+    `agent_call_reserve` counts one and trips the limit when it does not fit."""
     return bool(Turn.objects.filter(pk=turn_id, agent_llm_calls__lte=limits.turn_max_llm_calls - count).update(
         agent_llm_calls=F("agent_llm_calls") + count))
 
