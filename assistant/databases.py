@@ -46,28 +46,30 @@ def database_from_url(url: str, *, default_sqlite_path: Path) -> dict:
     return config
 
 
-REDIS_SOCKET_TIMEOUT = 15  # seconds; above channels_redis' 5 s blocking receive
+REDIS_SOCKET_TIMEOUT = 15  # seconds: a Redis that stops answering fails a publish, not hangs it
 
 
 def channel_layers_from_url(redis_url: str) -> dict:
-    """channels_redis when REDIS_URL is set; the in-memory layer otherwise.
+    """channels_redis's pub/sub layer when REDIS_URL is set; the in-memory layer otherwise.
 
     The in-memory layer only reaches consumers in the same process; the dashboard's
     consumer also replays from the Event table, so pages still see workers' events.
 
-    A consumer waits for messages with a blocking pop that Redis answers after up to 5 s;
-    redis-py 8 gives up reading after 5 s by default, which crashed every idle socket
-    (channels_redis issue #422). The read timeout therefore outlasts the pop.
+    Pub/sub, not channels_redis's default layer: that one hands a web process its
+    messages one at a time, four Redis round trips each (a script, a blocking pop and
+    two writes to a backup queue), in one queue behind one lock for all its sockets. Under
+    `make load` that queue fell seconds behind the workers (an event reached its page
+    1.8 s after its commit at p50); Redis pushes a pub/sub message to every subscribed
+    process at once. What pub/sub does not give (a message survives a process that was
+    not listening) the pages never relied on: delivery is at most once, and a socket
+    reads the event log on connect and whenever its conversation's watch sees an event
+    no message told of (assistant/watch.py).
     """
     if redis_url:
         return {
             "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {
-                    "hosts": [{"address": redis_url, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
-                    "capacity": 1000,
-                    "expiry": 30,
-                },
+                "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                "CONFIG": {"hosts": [{"address": redis_url, "socket_timeout": REDIS_SOCKET_TIMEOUT}]},
             }
         }
     return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}

@@ -35,19 +35,11 @@ def test_unsupported_database_urls_are_refused(url, tmp_path):
         database_from_url(url, default_sqlite_path=tmp_path / "x")
 
 
-def test_redis_url_selects_channels_redis():
+def test_redis_url_selects_channels_redis_pub_sub():
     layers = channel_layers_from_url("redis://127.0.0.1:6379/0")
-    assert layers["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert layers["default"]["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
     [host] = layers["default"]["CONFIG"]["hosts"]
     assert host["address"] == "redis://127.0.0.1:6379/0"
-
-
-def test_redis_reads_outlast_the_blocking_receive():
-    """Otherwise an idle socket's consumer crashes on a read timeout (redis-py 8's default 5 s)."""
-    from channels_redis.core import RedisChannelLayer
-
-    [host] = channel_layers_from_url("redis://127.0.0.1:6379/0")["default"]["CONFIG"]["hosts"]
-    assert host["socket_timeout"] > RedisChannelLayer.brpop_timeout
 
 
 def test_no_redis_url_selects_in_memory_layer():
