@@ -3,16 +3,22 @@
 A web process is pushed its conversations' messages (pub/sub): receiving a burst costs
 Redis no command per message. channels_redis's default layer pulled them one at a time,
 four round trips each, behind one lock for all of a process's sockets; under `make load`
-its queue fell seconds behind the workers (assistant/databases.py)."""
+its queue fell seconds behind the workers (assistant/databases.py). And a worker does not
+wait for its pushes: a slow Redis holds no step."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 import uuid
 
 import pytest
 from channels.layers import get_channel_layer
 from django.conf import settings
 from redis.asyncio.connection import AbstractConnection
+
+from orchestration.records import events
 
 needs_redis = pytest.mark.skipif(not settings.REDIS_URL, reason="needs the Redis channel layer")
 
@@ -54,3 +60,28 @@ async def test_a_burst_of_group_messages_costs_redis_one_command_each_to_send_an
     assert received == list(range(BURST))  # every one, in order
     assert len(commands) == BURST  # the publishes
 
+
+class HeldLayer:
+    """A channel layer whose sends wait until `release` is set: a Redis slow to answer."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.sent: list[dict] = []
+
+    async def group_send(self, group: str, message: dict) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 30)
+        self.sent.append(message)
+
+
+def test_a_worker_does_not_wait_for_redis_to_take_its_notices_which_leave_in_order(monkeypatch):
+    layer = HeldLayer()
+    monkeypatch.setattr(events, "get_channel_layer", lambda: layer)
+    for number in range(3):
+        events.group_notify(1, {"type": "event.created", "event_id": number})  # what a commit's callback calls
+    assert layer.sent == []  # all three handed over while the first is still held
+
+    layer.release.set()
+    deadline = time.monotonic() + 10
+    while len(layer.sent) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [message["event_id"] for message in layer.sent] == [0, 1, 2]
