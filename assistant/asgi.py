@@ -11,6 +11,7 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from assistant.heap import freeze_start_up  # noqa: E402
 from assistant.origins import SameOriginValidator  # noqa: E402
 from assistant.routing import websocket_urlpatterns  # noqa: E402
 
@@ -22,3 +23,4 @@ application = ProtocolTypeRouter(
         ),
     }
 )
+freeze_start_up()

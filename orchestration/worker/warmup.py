@@ -18,6 +18,8 @@ import multiprocessing
 
 from django.conf import settings
 
+from assistant.heap import freeze_start_up
+
 logger = logging.getLogger(__name__)
 
 # Workers warmed up so far: made before the qcluster forks its processes, which share it.
@@ -46,6 +48,7 @@ def warm_up(**kwargs) -> None:
         import httpx_aiohttp  # noqa: F401 - the runner's connection pool (aiohttp), imported lazily by the SDK
 
         import orchestration.llm.openai_provider  # noqa: F401 - and the SDK
+    freeze_start_up()
     logger.debug("worker warmed up")
     _announce_ready()
 
