@@ -7,6 +7,14 @@ have to be upgraded.
 
 The SQLite test database is a file too (not Django's in-memory default), one per test
 process: tests that start a real `qcluster` subprocess point it at that file.
+
+On PostgreSQL, parameters are bound by the server and a connection prepares a statement
+the second time it runs it. Django's default for psycopg 3 quotes every parameter into the
+SQL text in Python and prepares nothing, so the server parsed and planned each of a
+step's few statements, the same few thousands of times a minute, every time (PostgreSQL's
+CPU per model call under load: 2.6 ms → 2.2 ms). Behind a PgBouncer in transaction mode
+that does not keep prepared statements (before 1.21, or without max_prepared_statements),
+set DB_PREPARED_STATEMENTS=0.
 """
 
 from __future__ import annotations
@@ -24,7 +32,10 @@ SQLITE_OPTIONS = {
 }
 
 
-def database_from_url(url: str, *, default_sqlite_path: Path) -> dict:
+POSTGRES_PREPARE_THRESHOLD = 1  # runs unprepared before a connection prepares the statement: its second run is
+
+
+def database_from_url(url: str, *, default_sqlite_path: Path, prepared_statements: bool = True) -> dict:
     if not url:
         url = f"sqlite:///{default_sqlite_path}"
     try:
@@ -39,7 +50,11 @@ def database_from_url(url: str, *, default_sqlite_path: Path) -> dict:
             test = config.setdefault("TEST", {})
             test.setdefault("NAME", str(path.with_name(f"test-{path.stem}-{os.getpid()}.sqlite3")))
         config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
-    elif engine != "django.db.backends.postgresql":
+    elif engine == "django.db.backends.postgresql":
+        config["OPTIONS"] = {"server_side_binding": True,
+                             "prepare_threshold": POSTGRES_PREPARE_THRESHOLD if prepared_statements else None,
+                             **config.get("OPTIONS", {})}
+    else:
         raise ImproperlyConfigured(
             f"DATABASE_URL must point at SQLite or PostgreSQL, not {engine!r}."
         )

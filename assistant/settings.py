@@ -85,7 +85,8 @@ TEMPLATES = [
 
 DATABASES = {
     "default": database_from_url(
-        env_str("DATABASE_URL"), default_sqlite_path=VAR_DIR / "assistant.sqlite3"
+        env_str("DATABASE_URL"), default_sqlite_path=VAR_DIR / "assistant.sqlite3",
+        prepared_statements=env_bool("DB_PREPARED_STATEMENTS", True),
     )
 }
 # A new PostgreSQL connection forks a server backend (~4 ms): nothing should open one per

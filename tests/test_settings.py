@@ -5,7 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 
 from assistant.databases import channel_layers_from_url, database_from_url
 from assistant.env import env_bool, env_int
@@ -27,6 +29,25 @@ def test_postgres_url_is_parsed(tmp_path):
     assert (config["HOST"], config["PORT"], config["NAME"], config["USER"]) == (
         "db.internal", 5433, "assistant", "bob",
     )
+
+
+def test_postgres_binds_on_the_server_and_prepares_what_a_connection_repeats(tmp_path):
+    options = database_from_url("postgres://db/assistant", default_sqlite_path=tmp_path / "x")["OPTIONS"]
+    assert (options["server_side_binding"], options["prepare_threshold"]) == (True, 1)
+    behind_an_old_pgbouncer = database_from_url("postgres://db/assistant", default_sqlite_path=tmp_path / "x",
+                                                prepared_statements=False)["OPTIONS"]
+    assert behind_an_old_pgbouncer["prepare_threshold"] is None
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's prepared statements")
+def test_a_statement_run_twice_on_a_connection_is_prepared_there():
+    for _ in range(2):
+        list(get_user_model().objects.filter(username="nobody-prepared"))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
+        prepared = [statement for (statement,) in cursor.fetchall()]
+    assert any("nobody-prepared" not in statement and '"auth_user"' in statement for statement in prepared), prepared
 
 
 @pytest.mark.parametrize("url", ["mysql://root@localhost/x", "nonsense://"])
