@@ -558,15 +558,16 @@ class Agent:
         with transaction.atomic():
             turn = lifecycle.lock_turn(dispatch.turn_id)
             self._hold()
-            planned = plan_batch(turn=turn, calls=fresh, parent=dispatch)
+            dispatches = list(turn.dispatches.all())
+            planned = plan_batch(turn=turn, calls=fresh, dispatches=dispatches, parent=dispatch)
             # Children take slots of the turn's agent limit: limits count the whole tree.
             reserve_agents(turn=turn, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
-            dispatches_create(turn=turn, items=[item for item in planned if not item.error], task_prompt=task_prompt,
-                              parent=dispatch, step_idx=step, outside=outside)
+            created = dispatches_create(turn=turn, items=[item for item in planned if not item.error],
+                                        task_prompt=task_prompt, parent=dispatch, step_idx=step, outside=outside)
             for item in planned:
                 answers[item.call.id] = (error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
                                          else dispatch_result_json(item.spec["agent_id"]))
-            lifecycle.dispatch_schedule(turn)
+            lifecycle.dispatch_schedule(turn, dispatches + created)
         return answers
 
     def _children_results(self, call: ToolCall) -> str | None:

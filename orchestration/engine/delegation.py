@@ -42,11 +42,14 @@ def profiles_by_name() -> dict[str, AgentProfile]:
 
 
 def plan_batch(
-    *, turn: Turn, calls: list[ToolCall], parent: AgentDispatch | None = None
+    *, turn: Turn, calls: list[ToolCall], dispatches: list[AgentDispatch], parent: AgentDispatch | None = None,
+    profiles: dict[str, AgentProfile] | None = None,
 ) -> list[Planned]:
-    """Validate every call; the survivors are ready to create, in order."""
+    """Validate every call; the survivors are ready to create, in order. `dispatches`:
+    the turn's, as the caller read them under the turn's lock (it schedules with them
+    next); `profiles`: as the caller read them, if it did."""
     limits = Limits.from_json(turn.limits)
-    profiles = profiles_by_name()
+    profiles = profiles if profiles is not None else profiles_by_name()
     schema = dispatch_agent_parameters(
         profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap
     )
@@ -64,8 +67,8 @@ def plan_batch(
     # agent_ids are unique in the whole turn, but an agent may only depend on its
     # siblings (same parent): the orchestrator's agents on each other, a delegating
     # agent's children on each other. Anything else could wait on its own parent.
-    used = set(turn.dispatches.values_list("agent_id", flat=True))
-    siblings = {d.agent_id: d for d in turn.dispatches.filter(parent=parent)}
+    used = {d.agent_id for d in dispatches}
+    siblings = {d.agent_id: d for d in dispatches if d.parent_id == (parent.pk if parent else None)}
     seen: set[str] = set()
     for item in planned:
         if item.error:

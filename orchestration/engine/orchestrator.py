@@ -297,14 +297,16 @@ class Orchestrator:
         with transaction.atomic():
             locked = lifecycle.lock_turn(turn.pk)
             self._hold()
-            planned = plan_batch(turn=locked, calls=calls)
+            dispatches = list(locked.dispatches.all())
+            planned = plan_batch(turn=locked, calls=calls, dispatches=dispatches, profiles=self.profiles)
             reserve_agents(turn=locked, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
-            dispatches_create(turn=locked, items=[item for item in planned if not item.error], task_prompt=task_prompt)
+            created = dispatches_create(turn=locked, items=[item for item in planned if not item.error],
+                                        task_prompt=task_prompt)
             answers = [{"role": Message.Role.TOOL, "tool_call_id": item.call.id,
                         "content": error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
                         else dispatch_result_json(item.spec["agent_id"])} for item in planned]
             messages_append(turn=locked, messages=answers)
-            lifecycle.dispatch_schedule(locked)
+            lifecycle.dispatch_schedule(locked, dispatches + created)
         # Its agents run now (inline, where there is no runner, before this returns) and may
         # pause the turn, and the owner may stop them: the next call asks first.
         self.verified_at = float("-inf")
@@ -318,9 +320,9 @@ class Orchestrator:
                 message_append(turn=turn, role=Message.Role.TOOL, content=error_json(error), tool_call_id=call.id)
                 return steps.AGAIN
             # Only the orchestrator's own agents: a nested agent reports to its parent.
-            top_level = turn.dispatches.filter(parent__isnull=True)
-            names = arguments.get("agent_ids") or list(top_level.values_list("agent_id", flat=True))
-            found = {d.agent_id: d for d in top_level.filter(agent_id__in=names)}
+            top_level = list(turn.dispatches.filter(parent__isnull=True))
+            names = arguments.get("agent_ids") or [d.agent_id for d in top_level]
+            found = {d.agent_id: d for d in top_level if d.agent_id in names}
             if any(not lifecycle.is_terminal(d) for d in found.values()):
                 # Waits, holding nothing; the agent finishing last wakes it (dispatch_schedule).
                 lifecycle.turn_move(turn.pk, source=TurnStatus.RUNNING, target=TurnStatus.WAITING,

@@ -35,9 +35,11 @@ NOT_THE_STEPS = re.compile(r'"(skills_task|orchestration_providercapacity|skills
 # The budgets. Raise one only with the feature that needs it, and say so in its diff.
 AGENT_STEP = 4  # answer, the turn's counters (and the lease), the calls run ahead, the events
 AGENT_STEP_COMMITS = 1
-ORCHESTRATOR_STEPS = {"get_skill": 7, "dispatch": 13, "results": 14}  # results: two agents merged in 3
+ORCHESTRATOR_STEPS = {"get_skill": 7, "dispatch": 13, "results": 13}  # results: two agents merged in 3
 HANDOFF = 13  # the dependency's report (stored with its end) → the dependent's first request
 HANDOFF_COMMITS = 2  # the report with the end, then the dependent's claim
+DISPATCH = 18  # the orchestrator's dispatch answer → its first agent's first request
+DISPATCH_COMMITS = 3  # the answer, the dispatches created (the turn's read once), the agent's claim
 
 
 class Segments:
@@ -111,7 +113,15 @@ def test_the_orchestrators_steps_and_a_hand_off_keep_their_budgets(measure):
     # the agents ran in between: both are merged in that step).
     for name, segment in zip(ORCHESTRATOR_STEPS, orchestrator[1:]):
         assert len(segment["sql"]) <= ORCHESTRATOR_STEPS[name], f"{name}:\n{shown(segment)}"
-    (handoff,) = [segments.segments[i] for i in range(len(segments.segments) - 1)
-                  if segments.segments[i]["who"] == "agent:a" and segments.segments[i + 1]["who"] == "agent:b"]
+    (handoff,) = _between(segments, "agent:a", "agent:b")
     assert len(handoff["sql"]) <= HANDOFF, shown(handoff)
     assert handoff["commits"] == HANDOFF_COMMITS, shown(handoff)
+    (dispatch,) = _between(segments, "orchestrator", "agent:a")
+    assert len(dispatch["sql"]) <= DISPATCH, shown(dispatch)
+    assert dispatch["commits"] == DISPATCH_COMMITS, shown(dispatch)
+
+
+def _between(segments: Segments, asked: str, then: str) -> list[dict]:
+    """The segments that `asked`'s answer began and `then`'s request ended."""
+    return [segments.segments[i] for i in range(len(segments.segments) - 1)
+            if segments.segments[i]["who"] == asked and segments.segments[i + 1]["who"] == then]
