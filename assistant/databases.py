@@ -32,7 +32,7 @@ SQLITE_OPTIONS = {
 }
 
 
-POSTGRES_PREPARE_THRESHOLD = 1  # runs unprepared before a connection prepares the statement: its second run is
+POSTGRES_PREPARE_THRESHOLD = 1  # unprepared runs of a statement on a connection: its second is prepared
 
 
 def database_from_url(url: str, *, default_sqlite_path: Path, prepared_statements: bool = True) -> dict:
