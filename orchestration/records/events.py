@@ -172,43 +172,49 @@ class _PublisherLoop:
 
     The caller does not wait for the push: it runs in a commit's callbacks, and an agent
     whose step committed would otherwise wait for this thread to get the GIL and Redis
-    to answer (5 ms at p50 under `make load`) before its next model call. Pushes leave
-    in the order they were handed over; one that fails is logged, as before.
+    to answer (5 ms at p50 under `make load`) before its next model call. The pushes
+    leave one after another, in the order they were handed over; one that fails is
+    logged, as before.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue | None = None
+        self._sender: asyncio.Task | None = None
         self._pid = 0
         self.unsent = 0
 
     def send(self, make_coroutine: Callable[[], Coroutine], what: str) -> None:
-        """Run `make_coroutine()` on this process's publishing loop, without waiting."""
-        loop = self._running_loop()
+        """Have `make_coroutine()` run on this process's publishing loop after those
+        handed over before it, without waiting for it."""
+        loop, queue = self._running()
         with self._lock:
             if self.unsent >= MAX_UNSENT:
                 logger.warning("Dropped the notice of %s: %s earlier ones are not sent yet", what, self.unsent)
                 return
             self.unsent += 1
-        asyncio.run_coroutine_threadsafe(self._sent(make_coroutine, what), loop)
+        loop.call_soon_threadsafe(queue.put_nowait, (make_coroutine, what))
 
-    async def _sent(self, make_coroutine: Callable[[], Coroutine], what: str) -> None:
-        try:
-            await make_coroutine()
-        except Exception:
-            logger.warning("Could not send the notice of %s", what, exc_info=True)
-        finally:
-            with self._lock:
-                self.unsent -= 1
+    async def _send_in_order(self, queue: asyncio.Queue) -> None:
+        while True:
+            make_coroutine, what = await queue.get()
+            try:
+                await make_coroutine()
+            except Exception:
+                logger.warning("Could not send the notice of %s", what, exc_info=True)
+            finally:
+                with self._lock:
+                    self.unsent -= 1
 
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
+    def _running(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
         with self._lock:
             if self._loop is None or self._pid != os.getpid():
-                self._loop = asyncio.new_event_loop()
-                self._pid = os.getpid()
-                self.unsent = 0
-                threading.Thread(target=self._loop.run_forever, name="event-publisher", daemon=True).start()
-            return self._loop
+                loop, queue = asyncio.new_event_loop(), asyncio.Queue()
+                self._sender = loop.create_task(self._send_in_order(queue))  # runs once the loop does
+                self._loop, self._queue, self._pid, self.unsent = loop, queue, os.getpid(), 0
+                threading.Thread(target=loop.run_forever, name="event-publisher", daemon=True).start()
+            return self._loop, self._queue
 
 
 _publisher = _PublisherLoop()

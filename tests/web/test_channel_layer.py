@@ -85,3 +85,22 @@ def test_a_worker_does_not_wait_for_redis_to_take_its_notices_which_leave_in_ord
     while len(layer.sent) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert [message["event_id"] for message in layer.sent] == [0, 1, 2]
+
+
+@needs_redis
+async def test_a_workers_notices_reach_a_web_process_through_redis_in_the_order_they_were_committed():
+    layer = get_channel_layer()
+    conversation_id = uuid.uuid4().int % 10**9
+    channel = await layer.new_channel()
+    await layer.group_add(events.group_name(conversation_id), channel)
+    try:
+        def commit_callbacks():  # a worker's commits, one after another (a thread of its own)
+            for number in range(BURST):
+                events.group_notify(conversation_id, {"type": "event.created", "event_id": number})
+
+        await asyncio.to_thread(commit_callbacks)
+        received = [(await asyncio.wait_for(layer.receive(channel), 10))["event_id"] for _ in range(BURST)]
+    finally:
+        await layer.group_discard(events.group_name(conversation_id), channel)
+        await layer.flush()
+    assert received == list(range(BURST))
