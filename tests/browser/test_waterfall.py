@@ -55,7 +55,9 @@ def bars(page, agent_id: str, scope: str) -> list[dict]:
 
 def test_the_waterfall_of_a_diamond_live_and_in_the_audit(servers, visit, alice, llm, request):
     llm.respond = with_slow_c(Plan(DIAMOND, answer="Done: one task could not be created."))
-    site = servers()
+    # The live waterfall is re-rendered at most every 3 panel intervals (3 s by default):
+    # about as long as c runs, so a push may miss c running. Paced faster here, one cannot.
+    site = servers(env={"ASSISTANT_PANEL_INTERVAL_SECONDS": "0.2"})
     tab = visit(site, "alice")
     conversation_id = tab.new_conversation()
     page = tab.page
