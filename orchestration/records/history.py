@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Max, Subquery
+from django.db.models import Max, Q, Subquery
 from django.db.models.functions import Coalesce
 
 from orchestration.models import Message, Turn
@@ -38,10 +38,13 @@ def llm_messages(*, turn: Turn, system_prompt: str) -> list[dict]:
     """Earlier turns contribute their questions and answers; this turn everything.
 
     Tool traffic of earlier turns stays out: it is in the audit trail, and sending it
-    again would spend the context window on results the answers already summarise.
+    again would spend the context window on results the answers already summarise. It is
+    not read either: before every orchestrator call, that read would grow with every turn
+    the conversation had.
     """
     messages: list[dict] = [{"role": "system", "content": system_prompt}]
-    rows = turn.conversation.messages.filter(turn__number__lte=turn.number).select_related("turn")
+    rows = Message.objects.filter(conversation_id=turn.conversation_id, turn__number__lte=turn.number).filter(
+        Q(turn_id=turn.pk) | Q(role__in=(Message.Role.USER, Message.Role.ASSISTANT)))
     for row in rows.exclude(role=Message.Role.NOTICE).order_by("seq"):
         if row.turn_id != turn.pk:
             if row.role == Message.Role.USER or (row.role == Message.Role.ASSISTANT and not row.tool_calls and row.content):
