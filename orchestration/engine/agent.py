@@ -39,14 +39,7 @@ from orchestration.budgets.spending import (
 from orchestration.delivery import runner
 from orchestration.delivery.leases import VERIFIED_SECONDS, LeaseLost, lease_until, new_token
 from orchestration.engine import steps
-from orchestration.engine.delegation import (
-    can_delegate,
-    dispatches_create,
-    dispatch_result_json,
-    plan_batch,
-    profiles_by_name,
-    reserve_agents,
-)
+from orchestration.engine.delegation import can_delegate, dispatch_batch, dispatch_result_json, profiles_by_name
 from orchestration.engine.prompts import agent_system_prompt, agent_task_message, user_local_time
 from orchestration.engine.steps import Next
 from orchestration.engine.toolcalls import error_json, load_json, parse_arguments
@@ -558,16 +551,11 @@ class Agent:
         with transaction.atomic():
             turn = lifecycle.lock_turn(dispatch.turn_id)
             self._hold()
-            dispatches = list(turn.dispatches.all())
-            planned = plan_batch(turn=turn, calls=fresh, dispatches=dispatches, parent=dispatch)
-            # Children take slots of the turn's agent limit: limits count the whole tree.
-            reserve_agents(turn=turn, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
-            created = dispatches_create(turn=turn, items=[item for item in planned if not item.error],
-                                        task_prompt=task_prompt, parent=dispatch, step_idx=step, outside=outside)
+            planned = dispatch_batch(turn=turn, calls=fresh, task_prompt=task_prompt, parent=dispatch, step_idx=step,
+                                     outside=outside)
             for item in planned:
                 answers[item.call.id] = (error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
                                          else dispatch_result_json(item.spec["agent_id"]))
-            lifecycle.dispatch_schedule(turn, dispatches + created)
         return answers
 
     def _children_results(self, call: ToolCall) -> str | None:

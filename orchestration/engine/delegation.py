@@ -174,6 +174,23 @@ def _a_cycle(graph: dict[str, list[str]]) -> list[str]:
     return []
 
 
+def dispatch_batch(*, turn: Turn, calls: list[ToolCall], task_prompt: str, parent: AgentDispatch | None = None,
+                   step_idx: int | None = None, outside: Sequence[str] = (),
+                   profiles: dict[str, AgentProfile] | None = None) -> list[Planned]:
+    """Plan `calls` (top-level, or children of `parent`), take their slots of the turn's
+    agent limit (children too: limits count the whole tree), create the valid ones and
+    queue what can start; returns the plan, refusals included. The caller holds the
+    turn's lock: the turn's agents are read once, for the plan and for the schedule."""
+    dispatches = list(turn.dispatches.all())
+    planned = plan_batch(turn=turn, calls=calls, dispatches=dispatches, parent=parent, profiles=profiles)
+    valid = [item for item in planned if not item.error]
+    reserve_agents(turn=turn, agent_ids=[item.spec["agent_id"] for item in valid])
+    created = dispatches_create(turn=turn, items=valid, task_prompt=task_prompt, parent=parent, step_idx=step_idx,
+                                outside=outside)
+    lifecycle.dispatch_schedule(turn, dispatches + created)
+    return planned
+
+
 def reserve_agents(*, turn: Turn, agent_ids: list[str]) -> None:
     """Atomically take a slot of the turn's agents for each of `agent_ids`, or trip the
     turn's agent limit (the pause names them: they are what waits for the answer)."""

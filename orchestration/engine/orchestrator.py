@@ -25,13 +25,7 @@ from orchestration.delivery import runner
 from orchestration.delivery.dbretry import is_transient
 from orchestration.delivery.leases import VERIFIED_SECONDS, LeaseLost, lease_until, new_token
 from orchestration.engine import steps
-from orchestration.engine.delegation import (
-    dispatches_create,
-    dispatch_result_json,
-    plan_batch,
-    profiles_by_name,
-    reserve_agents,
-)
+from orchestration.engine.delegation import dispatch_batch, dispatch_result_json, profiles_by_name
 from orchestration.engine.prompts import orchestrator_system_prompt, user_local_time
 from orchestration.engine.steps import Next
 from orchestration.engine.toolcalls import error_json, parse_arguments
@@ -297,16 +291,11 @@ class Orchestrator:
         with transaction.atomic():
             locked = lifecycle.lock_turn(turn.pk)
             self._hold()
-            dispatches = list(locked.dispatches.all())
-            planned = plan_batch(turn=locked, calls=calls, dispatches=dispatches, profiles=self.profiles)
-            reserve_agents(turn=locked, agent_ids=[item.spec["agent_id"] for item in planned if not item.error])
-            created = dispatches_create(turn=locked, items=[item for item in planned if not item.error],
-                                        task_prompt=task_prompt)
+            planned = dispatch_batch(turn=locked, calls=calls, task_prompt=task_prompt, profiles=self.profiles)
             answers = [{"role": Message.Role.TOOL, "tool_call_id": item.call.id,
                         "content": error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
                         else dispatch_result_json(item.spec["agent_id"])} for item in planned]
             messages_append(turn=locked, messages=answers)
-            lifecycle.dispatch_schedule(locked, dispatches + created)
         # Its agents run now (inline, where there is no runner, before this returns) and may
         # pause the turn, and the owner may stop them: the next call asks first.
         self.verified_at = float("-inf")
