@@ -11,9 +11,9 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from assistant.heap import freeze_start_up  # noqa: E402
 from assistant.origins import SameOriginValidator  # noqa: E402
 from assistant.routing import websocket_urlpatterns  # noqa: E402
+from orchestration.heap import freeze_start_up  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

@@ -1,5 +1,5 @@
 """Daphne and every qcluster worker keep what they loaded at start-up out of the garbage
-collector's full collections (assistant/heap.py), which otherwise walked all of it under
+collector's full collections (orchestration/heap.py), which otherwise walked all of it under
 load, stopping every agent on the worker while they did."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import multiprocessing
 
 from django.conf import settings
 
-from assistant.heap import freeze_start_up
+from orchestration.heap import freeze_start_up
 
 logger = logging.getLogger(__name__)
 
