@@ -73,27 +73,29 @@ def test_two_processes_share_one_port_and_every_socket_gets_every_event(served, 
                                  origin=url, additional_headers={"Cookie": cookie}, proxy=None)
                    for _ in range(SOCKETS)]
         holders = _holders(process.pid, [s.local_address[1] for s in sockets], int(url.rsplit(":", 1)[1]))
-        await asyncio.to_thread(_record, turn)
-        received = await asyncio.gather(*[_event_ids(s) for s in sockets])
+        event_id = await asyncio.to_thread(_record, turn)
+        received = await asyncio.gather(*[_event_ids(s, event_id) for s in sockets])
         for s in sockets:
             await s.close()
-        return holders, received
+        return holders, event_id, received
 
-    holders, received = asyncio.run(scenario())
+    holders, event_id, received = asyncio.run(scenario())
     assert len(set(holders)) == 2, holders  # both processes hold sockets
-    (event_id,) = {event_id for ids in received for event_id in ids}
-    assert all(ids == {event_id} for ids in received), received
+    # Every socket got the event. (The test processes running beside this one share its
+    # Redis, and their conversations' numbers are this one's: their rows may arrive too.)
+    assert all(event_id in ids for ids in received), (event_id, received)
 
 
-def _record(turn) -> None:
+def _record(turn) -> int:
     with transaction.atomic():
-        event_record(type=LLM_WAITING, turn=turn, summary="for every socket")
+        return event_record(type=LLM_WAITING, turn=turn, summary="for every socket").pk
 
 
-async def _event_ids(socket_, timeout: float = 10.0) -> set[int]:
+async def _event_ids(socket_, wanted: int, timeout: float = 10.0) -> set[int]:
+    """The event ids the socket shows until `wanted` is among them (or the time is up)."""
     ids: set[int] = set()
     deadline = time.monotonic() + timeout
-    while not ids and time.monotonic() < deadline:
+    while wanted not in ids and time.monotonic() < deadline:
         try:
             message = await asyncio.wait_for(socket_.recv(), timeout=max(0.1, deadline - time.monotonic()))
         except TimeoutError:
