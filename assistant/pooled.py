@@ -1,27 +1,71 @@
-"""Database work for the socket code, on the event loop's thread pool."""
+"""Database work for the socket code, on two small thread pools of its own.
+
+Not the one thread channels shares among every consumer by default: that thread
+saturated under load. Nor the event loop's default pool (min(32, cores + 4) threads):
+rendering is Python, so its threads only take turns at the GIL, and each one more of
+them is one more the event loop waits behind for every callback it runs. Under
+`make load` on 2 cores, with 6 pool threads rendering pushes, a socket's handshake took
+0.3–2.5 s between its awaits alone, and some passed daphne's 5 s handshake timeout.
+
+- `pooled`: pushes and the watch's probes, `ASSISTANT_PUSH_THREADS` threads (two: one
+  renders while the other waits for the database).
+- `busy_lane`: the busy panels (assistant/consumers.py `owe_busy`), one thread: what
+  bounds their share of the process when it is saturated.
+- `handshake`: what a connecting socket reads before it can accept, on two threads of its
+  own, so a new page's socket does not queue behind the pushes of every open one.
+
+Each call is self-contained (no transaction spans two); a socket reads in one task, so in
+order. The call closes its connection itself (with CONN_MAX_AGE = 0): DatabaseSyncToAsync
+does too, but channels' test communicator stubs that out, and a pool thread would keep it
+open after the test.
+"""
 
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import DatabaseSyncToAsync
+from django.conf import settings
 from django.db import close_old_connections
 
 
-def pooled(func):
-    """Database work on the loop's thread pool (`thread_sensitive=False`), not on the one
-    thread every consumer shares: that thread saturated under load, and new sockets'
-    handshakes queued behind other sockets' pushes past daphne's 5 s handshake timeout.
-    Each call is self-contained (no transaction spans two); a socket reads in one task,
-    so in order. The call closes its connection itself (with CONN_MAX_AGE = 0):
-    DatabaseSyncToAsync does too, but channels' test communicator stubs that out, and a
-    pool thread would keep it open after the test."""
+class _LazyPool:
+    """A thread pool made on first use: the size is a setting, read once settings are."""
 
-    @functools.wraps(func)
-    def closing(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        finally:
-            close_old_connections()
+    def __init__(self, name: str, size):
+        self.name, self.size = name, size
+        self._executor: ThreadPoolExecutor | None = None
 
-    return DatabaseSyncToAsync(closing, thread_sensitive=False)
+    def get(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=self.size(), thread_name_prefix=self.name)
+        return self._executor
+
+
+PUSHES = _LazyPool("socket-push", lambda: settings.ASSISTANT_PUSH_THREADS)
+HANDSHAKES = _LazyPool("socket-handshake", lambda: 2)
+BUSY_PANELS = _LazyPool("socket-panels", lambda: 1)
+
+
+def _on(pool: _LazyPool):
+    def decorate(func):
+        @functools.wraps(func)
+        def closing(*args, **kwargs):
+            try:
+                return func(*args, **kwargs)
+            finally:
+                close_old_connections()
+
+        @functools.wraps(func)
+        async def call(*args, **kwargs):
+            return await DatabaseSyncToAsync(closing, thread_sensitive=False, executor=pool.get())(*args, **kwargs)
+
+        return call
+
+    return decorate
+
+
+pooled = _on(PUSHES)
+handshake = _on(HANDSHAKES)
+busy_lane = _on(BUSY_PANELS)

@@ -438,6 +438,9 @@ ASSISTANT_PUSH_INTERVAL_SECONDS = env_float("ASSISTANT_PUSH_INTERVAL_SECONDS", 0
 # The busy panels (counters, agent graph, waterfall) a socket sends at most once per this
 # interval while events keep coming (assistant/live.py BUSY_PANELS).
 ASSISTANT_PANEL_INTERVAL_SECONDS = env_float("ASSISTANT_PANEL_INTERVAL_SECONDS", 1.0, minimum=0.0)
+# The threads a web process renders its sockets' pushes on (assistant/pooled.py): rendering
+# is Python, so more threads only take turns at the GIL and slow the event loop.
+ASSISTANT_PUSH_THREADS = env_int("ASSISTANT_PUSH_THREADS", 2, minimum=1)
 # Sizes in characters (orchestration/records/output.py): the answer stored as the chat message (the
 # model's whole response stays in the turn's stored LLM call, for the audit), any text run
 # through markdown for a page (keep it at least answer_chars), and each value of an

@@ -21,3 +21,18 @@ def communicator(conversation_id: int, user=None, last: int | None = None) -> We
     comm.scope["user"] = user
     comm.scope["url_route"] = {"kwargs": {"conversation_id": conversation_id}}
     return comm
+
+
+def only_busy_panels(html: str) -> bool:
+    """A message of the busy panels' own lane (assistant/consumers.py `owe_busy`): no
+    event row, no chat, no draft."""
+    return not any(mark in html for mark in ('id="event-', 'id="messages"', 'id="answer-draft"'))
+
+
+async def nothing_but_busy_panels(comm: WebsocketCommunicator, timeout: float = 0.5) -> bool:
+    """The socket sends nothing within `timeout` but the busy panels that follow a push.
+    (A `receive_from` that times out would cancel the socket: ask `receive_nothing` first.)"""
+    while not await comm.receive_nothing(timeout=timeout):
+        if not only_busy_panels(await comm.receive_from()):
+            return False
+    return True

@@ -22,7 +22,7 @@ from assistant.consumers import FORBIDDEN
 from orchestration.models import Event
 from orchestration.records.events import MAX_CARRIED_CHARS, event_record
 from tests.factories import conversation_for, turn_for
-from tests.sockets import EVENT_ID, communicator
+from tests.sockets import EVENT_ID, communicator, nothing_but_busy_panels
 
 # How long a push may take to arrive: a group message wakes the socket at once, but on a
 # loaded CI machine (three test processes and PostgreSQL on two cores) a push's reads and
@@ -81,7 +81,7 @@ async def test_a_burst_of_events_reaches_the_socket_without_reading_the_log(star
     conversation, turn, first = started
     comm, reads = await opened_counting(monkeypatch, conversation, alice, first)
     assert reads == [1]  # the catch-up reads the log
-    assert await comm.receive_nothing(timeout=0.3)
+    assert await nothing_but_busy_panels(comm, timeout=0.3)
 
     def burst() -> list[int]:
         with transaction.atomic():  # 20 events, announced in one message on commit
@@ -89,7 +89,7 @@ async def test_a_burst_of_events_reaches_the_socket_without_reading_the_log(star
 
     created = await database_sync_to_async(burst)()
     assert sorted(await received_ids(comm, created)) == created  # each exactly once
-    assert await comm.receive_nothing(timeout=1.0)
+    assert await nothing_but_busy_panels(comm, timeout=1.0)
     assert reads == [1]  # the message brought them
     await comm.disconnect()
 
@@ -126,7 +126,7 @@ async def test_an_event_rolled_back_with_its_savepoint_never_reaches_the_page(st
     html = ""
     while not all(f'id="event-{pk}"' in html for pk in kept):
         html += await comm.receive_from(timeout=PUSH_WAIT)
-    assert await comm.receive_nothing(timeout=0.5)
+    assert await nothing_but_busy_panels(comm)
     assert "undone" not in html and "after" in html  # (SQLite gives "after" the undone one's id)
     await comm.disconnect()
 
@@ -149,6 +149,35 @@ async def test_the_sockets_database_work_is_not_on_the_shared_sync_thread(starte
     assert f'id="event-{first.pk}"' in await comm.receive_from(timeout=PUSH_WAIT)
     await comm.disconnect()
     assert threads and shared not in threads
+
+
+async def test_a_socket_connects_while_every_push_thread_is_busy(started, alice, settings, monkeypatch):
+    """A new page's socket reads what it must before it accepts on threads of its own:
+    under load, queued behind every open socket's pushes, handshakes passed daphne's 5 s
+    timeout. Here more sockets than any pool has threads hold their pushes."""
+    conversation, _, first = started
+    settings.ASSISTANT_SOCKETS_PER_CONVERSATION = settings.ASSISTANT_SOCKETS_PER_USER = 50
+    held, pushes_free = threading.Event(), threading.Event()
+    new_events = live.Cursor.new_events
+
+    def slow(cursor, conversation_id):
+        held.set()
+        pushes_free.wait(timeout=20)
+        return new_events(cursor, conversation_id)
+
+    monkeypatch.setattr(live.Cursor, "new_events", slow)
+    busy = [communicator(conversation.pk, alice) for _ in range(12)]
+    try:
+        for comm in busy:
+            assert (await comm.connect(timeout=PUSH_WAIT))[0]  # accepted; its catch-up push is held
+        assert held.is_set()
+        late = communicator(conversation.pk, alice)
+        assert (await late.connect(timeout=3))[0]
+    finally:
+        pushes_free.set()
+    assert f'id="event-{first.pk}"' in await late.receive_from(timeout=PUSH_WAIT)
+    for comm in busy + [late]:
+        await comm.disconnect()
 
 
 def test_a_push_re_renders_only_the_panels_its_events_can_change(started):
@@ -232,7 +261,7 @@ async def test_the_socket_pushes_the_answer_as_it_streams_and_stops_when_the_tur
     await database_sync_to_async(complete)()
     html = await comm.receive_from(timeout=PUSH_WAIT)
     assert "Bob has the list." in html and 'id="answer-draft"' not in html  # the message replaced it
-    assert await comm.receive_nothing(timeout=0.6)  # polls read no draft once the turn is over
+    assert await nothing_but_busy_panels(comm, timeout=0.6)  # polls read no draft once the turn is over
     await comm.disconnect()
 
 

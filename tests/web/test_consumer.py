@@ -20,7 +20,7 @@ from assistant import live
 from orchestration.models import Event
 from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
-from tests.sockets import communicator
+from tests.sockets import communicator, nothing_but_busy_panels, only_busy_panels
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,7 +156,8 @@ async def test_owner_gets_every_event_in_order(trail, alice):
     positions = [html.index(f'id="event-{e.pk}"') for e in events]
     assert positions == sorted(positions)
     assert 'hx-swap-oob="beforeend:#timeline"' in html  # the turn group is created first
-    assert 'id="agent-graph"' in html and 'id="messages"' in html
+    assert 'id="messages"' in html and 'id="agent-graph"' not in html
+    assert only_busy_panels(panels := await comm.receive_from()) and 'id="agent-graph"' in panels  # on their lane
     await comm.disconnect()
 
 
@@ -192,14 +193,14 @@ async def test_live_event_is_pushed_once(trail, alice):
     comm = communicator(conversation.pk, alice, last=events[-1].pk)
     await comm.connect()
     await comm.receive_from()  # the events just before `last` again: they have not settled
-    assert await comm.receive_nothing(timeout=0.5)
+    assert await nothing_but_busy_panels(comm)
     new = await database_sync_to_async(
         lambda: event_record(type="turn.completed", turn=turn, summary="Turn 1 answered")
     )()
     html = await comm.receive_from(timeout=3)
     assert f'id="event-{new.pk}"' in html
     assert html.count(f'id="event-{new.pk}"') == 1
-    assert await comm.receive_nothing(timeout=0.6)  # the poll does not send it again
+    assert await nothing_but_busy_panels(comm, timeout=0.6)  # the poll does not send it again
     await comm.disconnect()
 
 

@@ -1,16 +1,19 @@
 """The busy panels' pace (assistant/live.py BUSY_PANELS): while a turn's events keep
 coming, a socket sends the counters, the agent graph and the waterfall at most once per
-ASSISTANT_PANEL_INTERVAL_SECONDS (the waterfall every third), each event row at once, and
-what it held back soon after, without another event to carry it."""
+ASSISTANT_PANEL_INTERVAL_SECONDS (the waterfall every third), on a lane of their own;
+each event row at once, and what it held back soon after, without another event to
+carry it."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from channels.db import database_sync_to_async
 
-from assistant.live import Cursor
+from assistant import live
+from assistant.live import BUSY_PANELS, Cursor
 from orchestration.records.catalogue import AGENT_LLM_CALL, TURN_COMPLETED
 from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
@@ -37,7 +40,7 @@ def test_a_busy_panel_is_due_once_per_interval_and_owed_meanwhile(settings):
     assert cursor.panels_due(frozenset({"graph"}), now=12.6, turn_moved=True) == {"graph", "waterfall"}
 
 
-async def test_a_socket_sends_rows_at_once_and_the_graph_when_due(alice, settings):
+async def test_a_socket_sends_rows_at_once_and_the_busy_panels_on_their_own_lane(alice, settings):
     settings.ASSISTANT_PANEL_INTERVAL_SECONDS = 0.5
     settings.ASSISTANT_PUSH_INTERVAL_SECONDS = 0
     conversation = await database_sync_to_async(conversation_for)(alice)
@@ -51,7 +54,9 @@ async def test_a_socket_sends_rows_at_once_and_the_graph_when_due(alice, setting
     assert 'id="answer-draft"' in await comm.receive_from(timeout=3)  # the running turn's catch-up
     first = await database_sync_to_async(record)(AGENT_LLM_CALL, "step 1")
     html = await comm.receive_from(timeout=3)
-    assert f'id="event-{first}"' in html and GRAPH in html
+    assert f'id="event-{first}"' in html and GRAPH not in html  # the row alone, at once
+    html = await comm.receive_from(timeout=3)  # then the busy panels, on their lane
+    assert GRAPH in html and 'id="counters"' in html and 'id="event-' not in html
     second = await database_sync_to_async(record)(AGENT_LLM_CALL, "step 2")
     sent_at = time.monotonic()
     html = await comm.receive_from(timeout=3)
@@ -61,4 +66,42 @@ async def test_a_socket_sends_rows_at_once_and_the_graph_when_due(alice, setting
     done = await database_sync_to_async(record)(TURN_COMPLETED, "answered")
     html = await comm.receive_from(timeout=3)
     assert f'id="event-{done}"' in html and 'id="messages"' in html  # the chat follows its events at once
+    assert 'id="counters"' in await comm.receive_from(timeout=3)  # the turn came to rest: its state at once
+    await comm.disconnect()
+
+
+async def test_a_row_does_not_wait_for_the_busy_panels(alice, settings, monkeypatch):
+    """The busy panels' lane held up (a slow render, a saturated process): the next
+    event's row still goes out at once, and the panels follow once the lane is free,
+    what was owed meanwhile joined into one render."""
+    settings.ASSISTANT_PANEL_INTERVAL_SECONDS = 0
+    settings.ASSISTANT_PUSH_INTERVAL_SECONDS = 0
+    conversation = await database_sync_to_async(conversation_for)(alice)
+    turn = await database_sync_to_async(turn_for)(conversation)
+    lane_free, renders = threading.Event(), []
+    real = live.panel_context
+
+    def slow(conversation, panels=frozenset(live.PANELS)):
+        if panels & BUSY_PANELS.keys():
+            renders.append(panels)
+            lane_free.wait(timeout=10)
+        return real(conversation, panels)
+
+    monkeypatch.setattr(live, "panel_context", slow)
+
+    def record(summary: str):
+        return event_record(type=AGENT_LLM_CALL, turn=turn, summary=summary).pk
+
+    comm = communicator(conversation.pk, alice)
+    assert (await comm.connect())[0]
+    assert 'id="answer-draft"' in await comm.receive_from(timeout=3)
+    first = await database_sync_to_async(record)("step 1")
+    assert f'id="event-{first}"' in await comm.receive_from(timeout=3)
+    second = await database_sync_to_async(record)("step 2")
+    assert f'id="event-{second}"' in await comm.receive_from(timeout=3)  # while the lane is held
+    assert len(renders) == 1
+    lane_free.set()
+    for _ in range(2):  # the held render, then what both steps owed, in one
+        assert GRAPH in await comm.receive_from(timeout=3)
+    assert await comm.receive_nothing(timeout=0.3) and len(renders) == 2
     await comm.disconnect()

@@ -15,7 +15,7 @@ from channels.testing import WebsocketCommunicator
 from assistant import live, watch
 from orchestration.models import Event
 from tests.factories import conversation_for, turn_for
-from tests.sockets import EVENT_ID, communicator
+from tests.sockets import EVENT_ID, communicator, nothing_but_busy_panels, only_busy_panels
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,6 +52,7 @@ async def opened(comms: list[WebsocketCommunicator]) -> None:
     for comm in comms:
         assert (await comm.connect())[0]
         assert EVENT_ID.search(await comm.receive_from())  # the catch-up
+        assert only_busy_panels(await comm.receive_from())  # and its busy panels, on their lane
 
 
 async def test_one_poller_reads_the_log_for_every_socket_on_a_conversation(alice, bob, settings, monkeypatch):
@@ -89,8 +90,8 @@ async def test_one_poller_reads_the_log_for_every_socket_on_a_conversation(alice
         assert EVENT_ID.findall(await comm.receive_from(timeout=5)) == [str(event.pk)]
     await probes.at_least(probes.calls + 10)
     for comm in sockets:
-        assert await comm.receive_nothing(timeout=0.01)
-    assert await bobs_socket.receive_nothing(timeout=0.1)
+        assert await nothing_but_busy_panels(comm, timeout=0.01)
+    assert await nothing_but_busy_panels(bobs_socket, timeout=0.1)
 
     # The last socket out stops its conversation's watch; bob's carries on.
     task = registry.watches[conversation.pk].task
