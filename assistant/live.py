@@ -297,13 +297,19 @@ def render_events(conversation: Conversation, events: list[Event], panels: froze
     return "".join(parts)
 
 
+# What the panels read of the conversation's latest turn (the waterfall the most).
+LATEST_TURN_FIELDS = ("id", "conversation_id", "number", "status", "answer_draft", "started_at", "finished_at",
+                      "error")
+
+
 def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset(PANELS)) -> dict:
     """What the state panels show; with `panels`, only what those panels need."""
     context = {"conversation": conversation, "panels": panels, "oob": True}
+    latest = None
     if panels & {"counters", "messages", "composer", "graph", "waterfall"}:
         # One turn at a time is active, and it is the latest: one query serves both.
         latest = (conversation.turns.order_by("-number")
-                  .only("id", "conversation_id", "number", "status", "answer_draft").first())
+                  .only(*LATEST_TURN_FIELDS).first())
         context["active_turn"] = latest if latest is not None and latest.status in ACTIVE_TURN_STATUSES else None
     if "counters" in panels:
         if not conversation.title:  # set once, by the first request: the header shows it live
@@ -316,10 +322,11 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
         context["suggestions"] = EXAMPLE_REQUESTS[:4]  # shown while the chat is empty
     if panels & {"pause", "composer"}:
         context["pause"] = selectors.open_pause(conversation=conversation)
+    # The graph and the waterfall show the same agents and spend: one read for both.
+    agents = selectors.turn_agents(latest) if latest and panels & {"graph", "waterfall"} else None
     if "graph" in panels:
-        graph, graph_spend = selectors.agent_graph(turn=latest) if latest else ([], None)
+        graph, graph_spend = selectors.agent_graph(turn=latest, agents=agents) if latest else ([], None)
         context.update(graph=graph, graph_spend=graph_spend, graph_turn=latest)
     if "waterfall" in panels:
-        # Read whole: `latest` above has only the few fields the other panels need.
-        context["waterfall"] = turn_waterfall(Turn.objects.get(pk=latest.pk)) if latest else None
+        context["waterfall"] = turn_waterfall(latest, agents=agents) if latest else None
     return context

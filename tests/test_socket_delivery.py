@@ -21,7 +21,7 @@ from assistant import live, watch
 from assistant.consumers import FORBIDDEN
 from orchestration.models import Event
 from orchestration.records.events import MAX_CARRIED_CHARS, event_record
-from tests.factories import conversation_for, turn_for
+from tests.factories import conversation_for, dispatch_for, turn_for
 from tests.sockets import EVENT_ID, communicator, nothing_but_busy_panels
 
 # How long a push may take to arrive: a group message wakes the socket at once, but on a
@@ -198,6 +198,21 @@ def test_a_push_re_renders_only_the_panels_its_events_can_change(started):
     assert panels("agent.llm_call") == {"counters", "graph"}
     assert panels("skill.finished", "turn.completed") == set(ids)
     assert panels("limit.tripped") == set(ids) - {"graph"}
+
+
+def test_the_busy_panels_read_the_turns_agents_once(started, django_assert_num_queries):
+    """The counters, the graph and the waterfall, rendered together on their lane: the
+    latest turn, the conversation's spend, the agents and the turn's spend (once for the
+    graph and the waterfall: it was read twice, and the turn again), the graph's progress
+    and the waterfall's events. Six statements, whatever the number of agents."""
+    conversation, turn, _ = started
+    lead = dispatch_for(turn, "lead", state="running")
+    for agent_id in ("a", "b", "c"):
+        dispatch_for(turn, agent_id, parent=lead, state="running")
+    with django_assert_num_queries(6):
+        html = live.render_events(conversation, [], frozenset(live.BUSY_PANELS))
+    assert all(f'data-agent="{agent_id}"' in html for agent_id in ("lead", "a", "b", "c"))  # the waterfall's rows
+    assert html.count('class="node state-') == 4  # and the graph's nodes
 
 
 def test_two_sockets_on_one_conversation_share_one_render(started, monkeypatch):

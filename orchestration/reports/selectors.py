@@ -111,12 +111,34 @@ def open_pause(*, conversation: Conversation):
     )
 
 
-def agent_graph(*, turn) -> tuple[list[dict], TurnSpend]:
+# What the agent graph and the waterfall show of a turn's agents: not their transcripts
+# and contracts (the live page renders them often).
+AGENT_FIELDS = ("turn_id", "parent_id", "agent_id", "depth", "state", "outcome", "depends_on", "error",
+                "close_reason", "tool_calls_used", "max_tool_calls", "started_at", "finished_at", "duration_ms",
+                "created_at")
+
+
+@dataclass(frozen=True)
+class TurnAgents:
+    """A turn's agents, in dispatch order, and its spend: read once for all the panels of
+    a push that show them (the graph and the waterfall)."""
+
+    dispatches: list[AgentDispatch]
+    spend: TurnSpend
+
+
+def turn_agents(turn) -> TurnAgents:
+    """Two queries: the agents, then the turn's spend grouped by agent."""
+    dispatches = list(turn.dispatches.order_by("id").only(*AGENT_FIELDS))
+    return TurnAgents(dispatches=dispatches, spend=turn_spend(turn, dispatches))
+
+
+def agent_graph(*, turn, agents: TurnAgents | None = None) -> tuple[list[dict], TurnSpend]:
     """The turn's dispatches as a tree: each node with its state, its children and its
-    spend with theirs (what delegating it cost); and the turn's spend."""
-    dispatches = list(turn.dispatches.only(  # not the transcripts and contracts: pushed often
-        "turn_id", "parent_id", "agent_id", "state", "outcome", "tool_calls_used", "max_tool_calls", "depends_on"))
-    spend = turn_spend(turn, dispatches)
+    spend with theirs (what delegating it cost); and the turn's spend. `agents`: as
+    `turn_agents` read them, if the caller has."""
+    agents = agents or turn_agents(turn)
+    dispatches, spend = agents.dispatches, agents.spend
 
     progress = agent_progress(turn=turn)
     asking = awaiting_approval(turn)

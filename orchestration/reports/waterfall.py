@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from orchestration.budgets.usage import Spend, turn_spend
+from orchestration.budgets.usage import Spend
 from orchestration.models import ACTIVE_TURN_STATUSES, AgentDispatch, DispatchOutcome, Event, SkillExecution, Turn
 from orchestration.records.catalogue import (
     AGENT_ATTEMPT,
@@ -34,7 +34,7 @@ from orchestration.records.catalogue import (
     SKILL_STARTED,
 )
 from orchestration.records.output import json_unwrapped
-from orchestration.reports.selectors import awaiting_approval, display_state
+from orchestration.reports.selectors import TurnAgents, awaiting_approval, display_state, turn_agents
 from skills.executor import ErrorKind
 
 # A model call that failed and is retried: its retry's event (when the call began is not stored).
@@ -286,15 +286,14 @@ def _axis_ticks(span_seconds: float, count: int = 4) -> list[tuple[float, str]]:
     return [(round(100 * i / count, 3), duration_text(round(span_seconds * 1000 * i / count))) for i in range(count + 1)]
 
 
-def turn_waterfall(turn: Turn, *, now: datetime | None = None) -> Waterfall:
-    """The turn's waterfall: three reads (events, dispatches, skill results) and the spend's."""
+def turn_waterfall(turn: Turn, *, agents: TurnAgents | None = None, now: datetime | None = None) -> Waterfall:
+    """The turn's waterfall: two reads (events, skill results) and the agents' (dispatches,
+    spend: `turn_agents`, unless the caller passes them)."""
     now = now or timezone.now()
     events = list(Event.objects.filter(turn=turn).order_by("id")
                   .only("id", "type", "dispatch_id", "payload", "created_at"))
-    dispatches = list(turn.dispatches.order_by("id").only(
-        "turn_id", "parent_id", "agent_id", "depth", "state", "outcome", "depends_on", "error", "close_reason",
-        "started_at", "finished_at", "duration_ms", "created_at"))
-    spend = turn_spend(turn, dispatches)
+    agents = agents or turn_agents(turn)
+    dispatches, spend = agents.dispatches, agents.spend
     execution_ids = [e.payload.get("execution_id") for e in events if e.type == SKILL_FINISHED and e.payload]
     executions = {pk: (arguments, result) for pk, arguments, result in SkillExecution.objects.filter(
         pk__in=[i for i in execution_ids if i]).values_list("id", "arguments", "result")} if execution_ids else {}
