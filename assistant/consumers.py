@@ -38,6 +38,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 from urllib.parse import parse_qs
 
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -50,13 +51,14 @@ from assistant.live import (
     panels_for,
     render_draft,
     render_events,
+    render_panels,
     resume_floor,
     turn_moved,
     turn_running,
 )
 from assistant.pooled import busy_lane, handshake, pooled
 from assistant.watch import TOO_MANY, poll_interval, socket_join, socket_leave
-from orchestration.models import Conversation
+from orchestration.models import Conversation, Event
 from orchestration.records.events import group_name
 from orchestration.zones import user_time_zone
 
@@ -82,6 +84,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         self.inbox: list[dict] = []  # event rows carried by group messages, not pushed yet
         self.draft_in: str | None = None  # the newest answer draft a message carried
         self.busy_owed: frozenset[str] = frozenset()  # busy panels due, for `send_busy`
+        self.busy_newest: Event | None = None  # the newest event of the push that owed them
         self.busy_sender: asyncio.Task | None = None
         refused = socket_join(user_id=self.conversation.owner_id, conversation_id=conversation_id, wake=self.wake)
         if refused:
@@ -164,20 +167,22 @@ class ConversationConsumer(AsyncWebsocketConsumer):
     async def push(self):
         news = News(read=self.must_read, rows=self.inbox, draft=self.draft_in)
         self.must_read, self.inbox, self.draft_in = False, [], None
-        html, busy = await _render_new(self.conversation, self.cursor, news)
-        if html:
-            await self.send(text_data=html)
-        if busy:
-            self.owe_busy(busy)
+        push = await _render_new(self.conversation, self.cursor, news)
+        if push.html:
+            await self.send(text_data=push.html)
+        if push.busy:
+            self.owe_busy(push.busy, newest=push.newest)
         if self.cursor.owed_in is not None:  # busy panels held back: send them when due (one timer)
             if getattr(self, "owed_timer", None) is not None:
                 self.owed_timer.cancel()
             self.owed_timer = asyncio.get_running_loop().call_later(self.cursor.owed_in, self.wanted.set)
 
-    def owe_busy(self, panels: frozenset[str]) -> None:
-        """Send the busy panels due (`panels`) on their own lane, after whatever this
-        socket's lane holds already (one render in flight per socket, the rest joined)."""
+    def owe_busy(self, panels: frozenset[str], *, newest: Event | None) -> None:
+        """Send the busy panels due (`panels`, as of the push's `newest` event) on their
+        own lane, after whatever this socket's lane holds already (one render in flight
+        per socket, the rest joined)."""
         self.busy_owed |= panels
+        self.busy_newest = newest
         if self.busy_sender is None or self.busy_sender.done():
             self.busy_sender = asyncio.create_task(self.send_busy())
 
@@ -188,7 +193,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         while self.busy_owed:
             panels, self.busy_owed = self.busy_owed, frozenset()
             try:
-                await self.send(text_data=await _render_busy(self.conversation, panels))
+                await self.send(text_data=await _render_busy(self.conversation, panels, self.busy_newest))
             except Exception:  # e.g. the database restarting: try again after a pause
                 logger.warning("Could not send panels to conversation %s", self.conversation.pk, exc_info=True)
                 self.busy_owed |= panels
@@ -196,9 +201,9 @@ class ConversationConsumer(AsyncWebsocketConsumer):
 
 
 @busy_lane
-def _render_busy(conversation: Conversation, panels: frozenset[str]) -> str:
+def _render_busy(conversation: Conversation, panels: frozenset[str], newest: Event | None) -> str:
     with timezone.override(user_time_zone(conversation.owner)):
-        return render_events(conversation, [], panels)
+        return render_panels(conversation, panels, newest=newest)
 
 
 @handshake
@@ -228,10 +233,15 @@ class News:
     draft: str | None
 
 
+class Push(NamedTuple):
+    html: str  # the rows, chat panels and draft to send now
+    busy: frozenset[str]  # the busy panels due, for `owe_busy`
+    newest: Event | None  # the newest event pushed
+
+
 @pooled
-def _render_new(conversation: Conversation, cursor: Cursor, news: News) -> tuple[str, frozenset[str]]:
-    """The rows, chat panels and draft to send now, and the busy panels due (for
-    `owe_busy`). In the owner's time zone, as their pages are (no request here: no
+def _render_new(conversation: Conversation, cursor: Cursor, news: News) -> Push:
+    """What to push, in the owner's time zone, as their pages are (no request here: no
     middleware). Read once per socket: the owner and their preferences stay cached on it."""
     with timezone.override(user_time_zone(conversation.owner)):
         events = cursor.received(news.rows)
@@ -241,8 +251,9 @@ def _render_new(conversation: Conversation, cursor: Cursor, news: News) -> tuple
             panels = cursor.panels_due(panels_for(events) if events else frozenset(), time.monotonic(),
                                        turn_moved=turn_moved(events))
             busy = panels & BUSY_PANELS.keys()
-            return (render_events(conversation, events, panels - busy)
-                    + render_draft(conversation, cursor, text=news.draft, read=news.read)), busy
+            html = render_events(conversation, events, panels - busy) + render_draft(
+                conversation, cursor, text=news.draft, read=news.read)
+            return Push(html=html, busy=busy, newest=events[-1] if events else None)
         except BaseException:
             cursor.forget(events)
             raise

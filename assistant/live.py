@@ -288,13 +288,22 @@ def render_events(conversation: Conversation, events: list[Event], panels: froze
     parts = [_rendered.get(("event", event.pk, event.created_at, zone), lambda event=event: render_to_string(
         "conversations/push.html", {"event": event})) for event in events]
     if panels:
-        def render() -> str:
-            return render_to_string("conversations/panels.html", panel_context(conversation, panels))
-
-        newest = events[-1] if events else None
-        parts.append(_rendered.get(("panels", conversation.pk, newest.pk, newest.created_at, panels, zone), render)
-                     if newest else render())
+        parts.append(render_panels(conversation, panels, newest=events[-1] if events else None))
     return "".join(parts)
+
+
+def render_panels(conversation: Conversation, panels: frozenset[str], *, newest: Event | None = None) -> str:
+    """The state panels `panels` as of `newest`, the newest event of the push that made
+    them due: rendered once per process for every socket that sends them for it (see
+    `_Rendered`). Without one (panels a socket owed), rendered afresh: a running agent's
+    bar in the waterfall grows with the clock."""
+    def render() -> str:
+        return render_to_string("conversations/panels.html", panel_context(conversation, panels))
+
+    if newest is None:
+        return render()
+    key = ("panels", conversation.pk, newest.pk, newest.created_at, panels, timezone.get_current_timezone_name())
+    return _rendered.get(key, render)
 
 
 # What the panels read of the conversation's latest turn (the waterfall the most).

@@ -1,11 +1,11 @@
-"""Database work for the socket code, on two small thread pools of its own.
+"""Database work for the socket code, on three small thread pools of its own.
 
 Not the one thread channels shares among every consumer by default: that thread
 saturated under load. Nor the event loop's default pool (min(32, cores + 4) threads):
 rendering is Python, so its threads only take turns at the GIL, and each one more of
 them is one more the event loop waits behind for every callback it runs. Under
 `make load` on 2 cores, with 6 pool threads rendering pushes, a socket's handshake took
-0.3–2.5 s between its awaits alone, and some passed daphne's 5 s handshake timeout.
+0.3–2 s between its awaits alone, and some passed daphne's 5 s handshake timeout.
 
 - `pooled`: pushes and the watch's probes, `ASSISTANT_PUSH_THREADS` threads (two: one
   renders while the other waits for the database).
@@ -23,6 +23,7 @@ open after the test.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import DatabaseSyncToAsync
@@ -33,7 +34,7 @@ from django.db import close_old_connections
 class _LazyPool:
     """A thread pool made on first use: the size is a setting, read once settings are."""
 
-    def __init__(self, name: str, size):
+    def __init__(self, name: str, size: Callable[[], int]):
         self.name, self.size = name, size
         self._executor: ThreadPoolExecutor | None = None
 
@@ -45,7 +46,7 @@ class _LazyPool:
 
 PUSHES = _LazyPool("socket-push", lambda: settings.ASSISTANT_PUSH_THREADS)
 HANDSHAKES = _LazyPool("socket-handshake", lambda: 2)
-BUSY_PANELS = _LazyPool("socket-panels", lambda: 1)
+BUSY = _LazyPool("socket-panels", lambda: 1)
 
 
 def _on(pool: _LazyPool):
@@ -68,4 +69,4 @@ def _on(pool: _LazyPool):
 
 pooled = _on(PUSHES)
 handshake = _on(HANDSHAKES)
-busy_lane = _on(BUSY_PANELS)
+busy_lane = _on(BUSY)

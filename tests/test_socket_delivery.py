@@ -232,6 +232,12 @@ def test_two_sockets_on_one_conversation_share_one_render(started, monkeypatch):
     newer = Event.objects.create(conversation=conversation, turn=turn, type="skill.started", summary="again")
     assert live.render_events(conversation, [newer]) != tab  # a newer event: its own row and panels
     assert rendered[3:] == ["conversations/push.html", "conversations/panels.html"]
+    # The busy panels, on their own lane: once for both tabs as of the same newest event,
+    # afresh when a socket sends what it owed (no event: a running bar grows with the clock).
+    busy = frozenset(live.BUSY_PANELS)
+    assert live.render_panels(conversation, busy, newest=newer) == live.render_panels(conversation, busy, newest=newer)
+    live.render_panels(conversation, busy)
+    assert rendered[5:] == ["conversations/panels.html"] * 2
 
 
 # --- the streamed answer (issue 15) ---------------------------------------------------------
