@@ -19,6 +19,7 @@ set DB_PREPARED_STATEMENTS=0.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def database_from_url(url: str, *, default_sqlite_path: Path, prepared_statement
 REDIS_SOCKET_TIMEOUT = 15  # seconds: a Redis that stops answering fails a publish, not hangs it
 
 
-def channel_layers_from_url(redis_url: str) -> dict:
+def channel_layers_from_url(redis_url: str, *, prefix: str = "assistant") -> dict:
     """channels_redis's pub/sub layer when REDIS_URL is set; the in-memory layer otherwise.
 
     The in-memory layer only reaches consumers in the same process; the dashboard's
@@ -84,7 +85,20 @@ def channel_layers_from_url(redis_url: str) -> dict:
         return {
             "default": {
                 "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-                "CONFIG": {"hosts": [{"address": redis_url, "socket_timeout": REDIS_SOCKET_TIMEOUT}]},
+                "CONFIG": {"hosts": [{"address": redis_url, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
+                           "prefix": prefix},
             }
         }
     return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+def channel_prefix(database: dict) -> str:
+    """The channel layer's prefix for its names in Redis, one for each database.
+
+    A conversation's group is named by its number, and numbers repeat across databases:
+    two deployments sharing one Redis (or two test runs) under channels' default prefix
+    would each push the other's events to the sockets of their conversations with the
+    same numbers: one user's rows on another's page. The web processes and the workers
+    of one deployment share a database, so they share the prefix."""
+    identity = "|".join(str(database.get(key) or "") for key in ("ENGINE", "HOST", "PORT", "NAME"))
+    return "assistant-" + hashlib.sha256(identity.encode()).hexdigest()[:16]

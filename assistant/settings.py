@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from assistant.databases import channel_layers_from_url, database_from_url
+from assistant.databases import channel_layers_from_url, channel_prefix, database_from_url
 from assistant.env import env_bool, env_float, env_int, env_json_object, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -106,7 +106,9 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL")
-CHANNEL_LAYERS = channel_layers_from_url(REDIS_URL)
+# Names in Redis are apart for each database (CHANNELS_PREFIX to choose them).
+CHANNEL_LAYERS = channel_layers_from_url(
+    REDIS_URL, prefix=env_str("CHANNELS_PREFIX") or channel_prefix(DATABASES["default"]))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -29,6 +29,11 @@ os.environ["EGRESS_ASK_NEW_RECIPIENTS"] = "0"
 APPROVALS_ON_ENV = {"ASSISTANT_SKILL_POLICIES": json.dumps(settings.SKILLS_DEFAULT_POLICIES),
                     "EGRESS_ASK_NEW_RECIPIENTS": "1"}
 
+# Each test process its own names in the shared Redis, and so the servers it starts: the
+# processes running beside it number their conversations as it does.
+if settings.REDIS_URL:
+    os.environ["CHANNELS_PREFIX"] = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"test-{os.getpid()}"
+
 
 @pytest.fixture(autouse=True, scope="session")
 def email_unasked():

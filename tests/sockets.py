@@ -36,3 +36,10 @@ async def nothing_but_busy_panels(comm: WebsocketCommunicator, timeout: float = 
         if not only_busy_panels(await comm.receive_from()):
             return False
     return True
+
+
+async def next_rows(comm: WebsocketCommunicator, timeout: float) -> str:
+    """The socket's next message but the busy panels' (which follow each push)."""
+    while only_busy_panels(html := await comm.receive_from(timeout=timeout)):
+        pass
+    return html

@@ -63,6 +63,19 @@ def test_redis_url_selects_channels_redis_pub_sub():
     assert host["address"] == "redis://127.0.0.1:6379/0"
 
 
+def test_each_database_has_its_own_names_in_redis():
+    """A deployment's web processes and workers share a database, so a prefix; deployments
+    (and test runs) sharing a Redis do not (tests/web/test_channel_layer.py)."""
+    from assistant.databases import channel_prefix
+
+    ours = {"ENGINE": "django.db.backends.postgresql", "HOST": "db", "PORT": "5432", "NAME": "assistant"}
+    assert channel_prefix(ours) == channel_prefix(dict(ours))
+    assert len({channel_prefix(ours), channel_prefix({**ours, "NAME": "other"}),
+                channel_prefix({**ours, "HOST": "db2"}), channel_prefix({**ours, "PORT": "5433"})}) == 4
+    layers = channel_layers_from_url("redis://127.0.0.1:6379/0", prefix=channel_prefix(ours))
+    assert layers["default"]["CONFIG"]["prefix"] == channel_prefix(ours)
+
+
 def test_no_redis_url_selects_in_memory_layer():
     assert channel_layers_from_url("")["default"]["BACKEND"].endswith("InMemoryChannelLayer")
 

@@ -81,9 +81,9 @@ def test_two_processes_share_one_port_and_every_socket_gets_every_event(served, 
 
     holders, event_id, received = asyncio.run(scenario())
     assert len(set(holders)) == 2, holders  # both processes hold sockets
-    # Every socket got the event. (The test processes running beside this one share its
-    # Redis, and their conversations' numbers are this one's: their rows may arrive too.)
-    assert all(event_id in ids for ids in received), (event_id, received)
+    # Every socket got the event, and nothing else: the test processes running beside this
+    # one share its Redis and number their conversations as it does, under names of their own.
+    assert all(ids == {event_id} for ids in received), (event_id, received)
 
 
 def _record(turn) -> int:

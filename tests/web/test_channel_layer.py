@@ -104,3 +104,32 @@ async def test_a_workers_notices_reach_a_web_process_through_redis_in_the_order_
         await layer.group_discard(events.group_name(conversation_id), channel)
         await layer.flush()
     assert received == list(range(BURST))
+
+
+@needs_redis
+async def test_deployments_sharing_a_redis_do_not_see_each_others_conversations():
+    """Two deployments (one database each) on one Redis, each with a conversation number
+    7: a web process of one gets only its own deployment's events."""
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    from assistant.databases import channel_layers_from_url, channel_prefix
+
+    def layer_of(database_name: str) -> RedisPubSubChannelLayer:
+        database = {"ENGINE": "django.db.backends.postgresql", "HOST": "db.example", "NAME": database_name}
+        config = channel_layers_from_url(settings.REDIS_URL, prefix=channel_prefix(database))["default"]["CONFIG"]
+        return RedisPubSubChannelLayer(**config)
+
+    ours, theirs, our_worker = layer_of("ours"), layer_of("theirs"), layer_of("ours")
+    group = events.group_name(7)
+    channel = await ours.new_channel()
+    await ours.group_add(group, channel)
+    try:
+        await theirs.group_send(group, {"type": "event.created", "from": "theirs"})
+        await our_worker.group_send(group, {"type": "event.created", "from": "ours"})
+        assert (await asyncio.wait_for(ours.receive(channel), timeout=5))["from"] == "ours"
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(ours.receive(channel), timeout=0.3)
+    finally:
+        await ours.group_discard(group, channel)
+        for layer in (ours, theirs, our_worker):
+            await layer.flush()

@@ -15,7 +15,7 @@ from channels.testing import WebsocketCommunicator
 from assistant import live, watch
 from orchestration.models import Event
 from tests.factories import conversation_for, turn_for
-from tests.sockets import EVENT_ID, communicator, nothing_but_busy_panels, only_busy_panels
+from tests.sockets import EVENT_ID, communicator, next_rows, nothing_but_busy_panels, only_busy_panels
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -168,10 +168,10 @@ async def test_an_event_that_commits_late_reaches_every_socket_through_the_polle
         early = await database_sync_to_async(Event.objects.create)(
             conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="early")
         for comm in sockets:
-            assert EVENT_ID.findall(await comm.receive_from(timeout=5)) == [str(early.pk)]
+            assert EVENT_ID.findall(await next_rows(comm, timeout=5)) == [str(early.pk)]
     assert late["event"].pk < early.pk
     for comm in sockets:
-        assert EVENT_ID.findall(await comm.receive_from(timeout=5)) == [str(late["event"].pk)]
-        assert await comm.receive_nothing(timeout=0.2)
+        assert EVENT_ID.findall(await next_rows(comm, timeout=5)) == [str(late["event"].pk)]
+        assert await nothing_but_busy_panels(comm, timeout=0.2)
     for comm in sockets:
         await comm.disconnect()
