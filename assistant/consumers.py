@@ -24,9 +24,9 @@ socket cheap and the handshakes fast:
   row is rendered once per process) go out on a lane of their own, one thread for the
   process, one render in flight per socket. The rows and the chat no longer wait behind
   them: under `make load` on a slow 2-core machine, an event's commit → socket went from
-  0.95 s to 0.21 s at p50 (README, "The live page on a saturated daphne"). When daphne
-  is saturated, the lane is what slows down: each page's panels come less often, and
-  what a socket owes meanwhile is joined into one render.
+  0.5–0.95 s to 0.21–0.23 s at p50 (README, "The live page on a saturated daphne").
+  When daphne is saturated, the lane is what slows down: each page's panels come less
+  often, and what a socket owes meanwhile is joined into one render.
 
 Close codes the page knows (static/js/live.js): 4403 not yours (or not signed in), 4429
 too many live pages open.
