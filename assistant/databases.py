@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -92,13 +93,22 @@ def channel_layers_from_url(redis_url: str, *, prefix: str = "assistant") -> dic
     return {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
-def channel_prefix(database: dict) -> str:
-    """The channel layer's prefix for its names in Redis, one for each database.
+CHANNEL_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,60}")  # channels' name characters, room for the rest of a name
+
+
+def channel_prefix(database: dict, chosen: str = "") -> str:
+    """The channel layer's prefix for its names in Redis: `chosen` (CHANNELS_PREFIX), or
+    else one for each database.
 
     A conversation's group is named by its number, and numbers repeat across databases:
     two deployments sharing one Redis (or two test runs) under channels' default prefix
     would each push the other's events to the sockets of their conversations with the
     same numbers: one user's rows on another's page. The web processes and the workers
     of one deployment share a database, so they share the prefix."""
+    if chosen:
+        if not CHANNEL_PREFIX.fullmatch(chosen):
+            raise ImproperlyConfigured(
+                f"CHANNELS_PREFIX must be 1 to 60 ASCII letters, digits, hyphens, underscores or periods, not {chosen!r}.")
+        return chosen
     identity = "|".join(str(database.get(key) or "") for key in ("ENGINE", "HOST", "PORT", "NAME"))
     return "assistant-" + hashlib.sha256(identity.encode()).hexdigest()[:16]

@@ -15,15 +15,14 @@ them is one more the event loop waits behind for every callback it runs. Under
   own, so a new page's socket does not queue behind the pushes of every open one.
 
 Each call is self-contained (no transaction spans two); a socket reads in one task, so in
-order. The call closes its connection itself (with CONN_MAX_AGE = 0): DatabaseSyncToAsync
-does too, but channels' test communicator stubs that out, and a pool thread would keep it
-open after the test.
+order. The call closes its connection itself (on PostgreSQL: gives it back to the
+connection pool): DatabaseSyncToAsync does too, but channels' test communicator stubs that
+out, and a pool thread would keep it open after the test.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import DatabaseSyncToAsync
@@ -31,25 +30,13 @@ from django.conf import settings
 from django.db import close_old_connections
 
 
-class _LazyPool:
-    """A thread pool made on first use: the size is a setting, read once settings are."""
-
-    def __init__(self, name: str, size: Callable[[], int]):
-        self.name, self.size = name, size
-        self._executor: ThreadPoolExecutor | None = None
-
-    def get(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=self.size(), thread_name_prefix=self.name)
-        return self._executor
+# A pool starts no thread before its first task.
+PUSHES = ThreadPoolExecutor(max_workers=settings.ASSISTANT_PUSH_THREADS, thread_name_prefix="socket-push")
+HANDSHAKES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="socket-handshake")
+BUSY = ThreadPoolExecutor(max_workers=1, thread_name_prefix="socket-panels")
 
 
-PUSHES = _LazyPool("socket-push", lambda: settings.ASSISTANT_PUSH_THREADS)
-HANDSHAKES = _LazyPool("socket-handshake", lambda: 2)
-BUSY = _LazyPool("socket-panels", lambda: 1)
-
-
-def _on(pool: _LazyPool):
+def _on(pool: ThreadPoolExecutor):
     def decorate(func):
         @functools.wraps(func)
         def closing(*args, **kwargs):
@@ -58,11 +45,7 @@ def _on(pool: _LazyPool):
             finally:
                 close_old_connections()
 
-        @functools.wraps(func)
-        async def call(*args, **kwargs):
-            return await DatabaseSyncToAsync(closing, thread_sensitive=False, executor=pool.get())(*args, **kwargs)
-
-        return call
+        return DatabaseSyncToAsync(closing, thread_sensitive=False, executor=pool)
 
     return decorate
 

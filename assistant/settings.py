@@ -108,7 +108,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL")
 # Names in Redis are apart for each database (CHANNELS_PREFIX to choose them).
 CHANNEL_LAYERS = channel_layers_from_url(
-    REDIS_URL, prefix=env_str("CHANNELS_PREFIX") or channel_prefix(DATABASES["default"]))
+    REDIS_URL, prefix=channel_prefix(DATABASES["default"], chosen=env_str("CHANNELS_PREFIX")))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -74,6 +74,15 @@ def test_each_database_has_its_own_names_in_redis():
                 channel_prefix({**ours, "HOST": "db2"}), channel_prefix({**ours, "PORT": "5433"})}) == 4
     layers = channel_layers_from_url("redis://127.0.0.1:6379/0", prefix=channel_prefix(ours))
     assert layers["default"]["CONFIG"]["prefix"] == channel_prefix(ours)
+    assert channel_prefix(ours, chosen="shop-2.eu_west") == "shop-2.eu_west"
+
+
+@pytest.mark.parametrize("chosen", ["my shop", "shop:1", "é", "x" * 61])
+def test_a_channels_prefix_channels_cannot_name_is_refused_at_start_up(chosen):
+    from assistant.databases import channel_prefix
+
+    with pytest.raises(ImproperlyConfigured, match="CHANNELS_PREFIX must be 1 to 60 ASCII letters"):
+        channel_prefix({"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}, chosen=chosen)
 
 
 def test_no_redis_url_selects_in_memory_layer():
