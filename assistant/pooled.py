@@ -29,7 +29,6 @@ from channels.db import DatabaseSyncToAsync
 from django.conf import settings
 from django.db import close_old_connections
 
-
 # A pool starts no thread before its first task.
 PUSHES = ThreadPoolExecutor(max_workers=settings.ASSISTANT_PUSH_THREADS, thread_name_prefix="socket-push")
 HANDSHAKES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="socket-handshake")
