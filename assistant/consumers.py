@@ -35,6 +35,7 @@ too many live pages open.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         self.busy_owed: frozenset[str] = frozenset()  # busy panels due, for `send_busy`
         self.busy_newest: Event | None = None  # the newest event of the push that owed them
         self.busy_sender: asyncio.Task | None = None
+        self.hidden = False  # the page's tab is in the background: no busy panels until it shows
         refused = socket_join(user_id=self.conversation.owner_id, conversation_id=conversation_id, wake=self.wake)
         if refused:
             logger.info("Socket refused for conversation %s: %s", conversation_id, refused)
@@ -122,7 +124,16 @@ class ConversationConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive(self, text_data=None, bytes_data=None):
-        """Server → browser only: changes are htmx POSTs with CSRF, not socket messages."""
+        """The page says only whether its tab is in view (static/js/live.js): a hidden
+        tab gets its rows and chat but no busy panels, which are rendered and sent once it
+        shows again. Changes are htmx POSTs with CSRF, never socket messages; anything
+        else a browser sends is ignored."""
+        visible = _visibility(text_data)
+        if visible is None or not getattr(self, "joined", False) or self.hidden != visible:
+            return  # not a visibility, a socket refused, or no change
+        self.hidden = not visible
+        if visible and self.busy_owed:
+            self.owe_busy(frozenset(), newest=None)  # what it owes, as things are now
 
     def wake(self) -> None:
         """Something changed that no message told of: read the log (and the draft)."""
@@ -183,14 +194,16 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         per socket, the rest joined)."""
         self.busy_owed |= panels
         self.busy_newest = newest
-        if self.busy_sender is None or self.busy_sender.done():
+        if self.hidden:
+            self.busy_newest = None  # sent when the tab shows: rendered afresh then
+        elif self.busy_sender is None or self.busy_sender.done():
             self.busy_sender = asyncio.create_task(self.send_busy())
 
     async def send_busy(self):
         """Render and send what `owe_busy` collected until nothing is owed. Each render
         reads the state as it is then, and this is the only task that sends these panels:
         one never overwrites a newer one."""
-        while self.busy_owed:
+        while self.busy_owed and not self.hidden:
             panels, self.busy_owed = self.busy_owed, frozenset()
             try:
                 await self.send(text_data=await _render_busy(self.conversation, panels, self.busy_newest))
@@ -198,6 +211,18 @@ class ConversationConsumer(AsyncWebsocketConsumer):
                 logger.warning("Could not send panels to conversation %s", self.conversation.pk, exc_info=True)
                 self.busy_owed |= panels
                 await asyncio.sleep(poll_interval())
+
+
+def _visibility(text: str | None) -> bool | None:
+    """`{"visible": true|false}` from the page, or None for anything else."""
+    if not text or len(text) > 64:
+        return None
+    try:
+        message = json.loads(text)
+    except ValueError:
+        return None
+    visible = message.get("visible") if isinstance(message, dict) else None
+    return visible if isinstance(visible, bool) else None
 
 
 @busy_lane

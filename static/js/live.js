@@ -179,3 +179,21 @@ document.addEventListener("htmx:oobBeforeSwap", function (evt) {
     else if (chat) chat.prepend(note);
   });
 })();
+
+// A tab in the background needs no counters, graph or waterfall: tell the socket when the
+// page hides and shows (the one thing a page sends it), and it holds those panels back
+// until the tab is in view again, then sends them as they are then. A new socket starts
+// out visible, so a page that (re)connects while hidden says so at once.
+(function () {
+  var socket = null;
+  function tell() {
+    // not `send`: it queues while the socket is down and would replay a stale state
+    if (socket) socket.sendImmediately(JSON.stringify({ visible: document.visibilityState !== "hidden" }));
+  }
+  document.addEventListener("htmx:wsOpen", function (evt) {
+    socket = evt.detail.socketWrapper;
+    if (document.visibilityState === "hidden") tell();
+  });
+  document.addEventListener("htmx:wsClose", function () { socket = null; });
+  document.addEventListener("visibilitychange", tell);
+})();

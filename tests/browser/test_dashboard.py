@@ -236,3 +236,44 @@ def test_a_push_keeps_the_message_being_typed(servers, visit, alice):
 
     expect(box).to_be_enabled()
     expect(box).to_have_value("Half a thought")
+
+
+def test_a_hidden_tab_waits_for_the_busy_panels_until_it_shows(servers, visit, alice):
+    """The page tells its socket when the tab hides and shows (static/js/live.js): rows
+    keep arriving while hidden, the counters and graph come once it is in view again."""
+    alice_tab = visit(servers(workers=0), "alice")
+    page = alice_tab.page
+    sent, received = [], []
+    page.on("websocket", lambda socket: (socket.on("framesent", lambda frame: sent.append(frame)),
+                                         socket.on("framereceived", lambda frame: received.append(frame))))
+    conversation_id = alice_tab.new_conversation()
+    alice_tab.wait_connected()
+    running = turn_for(Conversation.objects.get(pk=conversation_id))
+
+    def show(state: str) -> None:
+        page.evaluate("""state => {
+            Object.defineProperty(document, "visibilityState", {value: state, configurable: true});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }""", state)
+
+    def graphs() -> int:
+        return sum('id="agent-graph"' in frame for frame in received)
+
+    def soon(check) -> bool:
+        for _ in range(50):
+            if check():
+                return True
+            page.wait_for_timeout(100)
+        return check()
+
+    show("hidden")
+    assert soon(lambda: sent == ['{"visible":false}'])
+    page.wait_for_timeout(200)  # the frame is in daphne before the events commit
+    pushed = record_events(running, 3)  # a turn starting: its rows, and the busy panels due
+    page.wait_for_selector(f"#event-{max(pushed)}", state="attached")
+    page.wait_for_timeout(500)
+    assert graphs() == 0
+
+    show("visible")
+    assert soon(graphs) and graphs() == 1
+    assert sent == ['{"visible":false}', '{"visible":true}']

@@ -105,3 +105,43 @@ async def test_a_row_does_not_wait_for_the_busy_panels(alice, settings, monkeypa
         assert GRAPH in await comm.receive_from(timeout=3)
     assert await comm.receive_nothing(timeout=0.3) and len(renders) == 2
     await comm.disconnect()
+
+
+async def test_a_hidden_tab_gets_its_rows_and_the_busy_panels_once_it_shows(alice, settings):
+    """The page says when its tab hides (static/js/live.js): the rows keep coming, the
+    counters, graph and waterfall wait, and one render of them follows when it shows.
+    Anything else a browser sends changes nothing."""
+    settings.ASSISTANT_PANEL_INTERVAL_SECONDS = 0
+    settings.ASSISTANT_PUSH_INTERVAL_SECONDS = 0
+    conversation = await database_sync_to_async(conversation_for)(alice)
+    turn = await database_sync_to_async(turn_for)(conversation)
+
+    def record(summary: str):
+        return event_record(type=AGENT_LLM_CALL, turn=turn, summary=summary).pk
+
+    comm = communicator(conversation.pk, alice)
+    assert (await comm.connect())[0]
+    assert 'id="answer-draft"' in await comm.receive_from(timeout=3)
+    for junk in ("visible", '{"visible": "no"}', '["visible", false]', '{"visible": 0}',
+                 '{"visible": false' + " " * 100 + "}"):
+        await comm.send_to(text_data=junk)
+    first = await database_sync_to_async(record)("step 1")
+    assert f'id="event-{first}"' in await comm.receive_from(timeout=3)
+    assert GRAPH in await comm.receive_from(timeout=3)  # still visible: the junk changed nothing
+
+    await comm.send_to(text_data='{"visible": false}')
+    second = await database_sync_to_async(record)("step 2")
+    third = await database_sync_to_async(record)("step 3")
+    rows = await comm.receive_from(timeout=3)
+    if f'id="event-{third}"' not in rows:
+        rows += await comm.receive_from(timeout=3)
+    assert f'id="event-{second}"' in rows and f'id="event-{third}"' in rows and GRAPH not in rows
+    assert await comm.receive_nothing(timeout=0.3)  # hidden: no busy panels
+
+    await comm.send_to(text_data='{"visible": true}')
+    html = await comm.receive_from(timeout=3)
+    assert GRAPH in html and 'id="counters"' in html and 'id="event-' not in html
+    assert await comm.receive_nothing(timeout=0.3)  # one render for all it owed
+    await comm.send_to(text_data='{"visible": true}')  # no change: nothing owed, nothing sent
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.disconnect()
