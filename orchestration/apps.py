@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class OrchestrationConfig(AppConfig):
@@ -13,6 +14,8 @@ class OrchestrationConfig(AppConfig):
 
         taskqueue.install()  # before a qcluster creates its queue and forks its workers
 
-        from orchestration.worker.warmup import warm_up
+        from orchestration.worker.warmup import preload, warm_up
 
         post_spawn.connect(warm_up, dispatch_uid="orchestration-warm-up")
+        if settings.RUNNING_QCLUSTER:
+            preload()  # before the qcluster forks: its workers share what it imported

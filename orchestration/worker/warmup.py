@@ -1,10 +1,14 @@
-"""Start a worker's runner, and pay its one-off start-up costs before its first task.
+"""Pay a qcluster's start-up costs once, before it forks, and start each worker's runner.
 
-Importing the openai SDK and its (lazily imported) resources, the channel layer (with
-Redis: channels_redis and redis.asyncio), loading the skill registry and the engine
-modules costs about two seconds of CPU per process. Paid inside the first task,
-8 workers starting 8 agents at once on 2 cores turned a 2 s fan-out into 20 s.
-django-q2 sends `post_spawn` in every new worker process.
+Importing the openai SDK and its (lazily imported) resources, channels_redis and
+redis.asyncio, loading the skill registry and the engine modules costs about two seconds
+of CPU. Paid inside a worker's first task, 8 workers starting 8 agents at once on 2 cores
+turned a 2 s fan-out into 20 s. Paid in each worker as it spawned (django-q2's
+`post_spawn`), it still cost every worker, and every recycled one, 0.7–1 s of CPU on this
+project's 2-core machines. So the qcluster's first process imports all of it once
+(`preload`, from the app's `ready`), before django-q2 forks the Sentinel and it the
+workers: they share those pages, and `warm_up` is left only what cannot cross a fork
+(the runner's thread and loop, the database connection, the channel layer's instance).
 
 Once every worker the cluster started has warmed up, the last one says so in one log
 line: django-q2's own "running" is logged before that, and only at Q_LOG_LEVEL=INFO,
@@ -17,6 +21,7 @@ import logging
 import multiprocessing
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from orchestration.heap import freeze_start_up
 
@@ -24,6 +29,19 @@ logger = logging.getLogger(__name__)
 
 # Workers warmed up so far: made before the qcluster forks its processes, which share it.
 _warmed = multiprocessing.Value("i", 0) if settings.RUNNING_QCLUSTER else None
+
+
+def preload() -> None:
+    """Import what every worker needs, in the qcluster's first process, before it forks.
+    Nothing here starts a thread or keeps a connection: those do not survive a fork."""
+    from django.db import connections
+    from django_q.conf import Conf
+
+    if Conf.SYNC:
+        return
+    _import_engine()
+    connections.close_all()  # should the imports have queried: a connection must not cross a fork
+    freeze_start_up()  # the children's collections leave the shared pages alone
 
 
 def warm_up(**kwargs) -> None:
@@ -34,23 +52,31 @@ def warm_up(**kwargs) -> None:
         return
 
     from orchestration.delivery.runner import runner_start
-    from orchestration.worker import tasks  # noqa: F401 - the engine, and the jobs it registers
-
-    runner_start()
     from orchestration.models import Turn
+
+    _import_engine()  # done before the fork (`preload`): here only if this process missed it
+    runner_start()
+    Turn.objects.filter(pk=0).exists()  # the (persistent) database connection, and the ORM's first query
+    get_channel_layer()
+    freeze_start_up()
+    logger.debug("worker warmed up")
+    _announce_ready()
+
+
+def _import_engine() -> None:
+    from channels.layers import channel_layers
+
+    from orchestration.worker import tasks  # noqa: F401 - the engine, and the jobs it registers
     from skills import registry
     from skills.tools import use_skill_tool
 
     use_skill_tool(registry.skill_names())
-    Turn.objects.filter(pk=0).exists()  # the (persistent) database connection, and the ORM's first query
-    get_channel_layer()  # imports channels_redis and redis.asyncio: ~0.5 s of CPU, at the first event
+    import_string(channel_layers.configs["default"]["BACKEND"])  # with Redis: channels_redis and redis.asyncio
     if settings.ASSISTANT_LLM_PROVIDER == "openai":
         import httpx_aiohttp  # noqa: F401 - the runner's connection pool (aiohttp), imported lazily by the SDK
+        import openai.resources.chat  # noqa: F401 - the SDK imports it at a client's first call
 
         import orchestration.llm.openai_provider  # noqa: F401 - and the SDK
-    freeze_start_up()
-    logger.debug("worker warmed up")
-    _announce_ready()
 
 
 def _announce_ready() -> None:
