@@ -36,6 +36,13 @@ if settings.REDIS_URL:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def quick_password_hashing():
+    """The users tests make: one round of PBKDF2, not a million (tests/support/passwords.py)."""
+    with override_settings(PASSWORD_HASHERS=["tests.support.passwords.OneRoundPBKDF2"]):
+        yield
+
+
+@pytest.fixture(autouse=True, scope="session")
 def email_unasked():
     with override_settings(ASSISTANT_SKILL_POLICIES=EMAIL_UNASKED,
                            ASSISTANT_EGRESS={**settings.ASSISTANT_EGRESS, "ask_new_recipients": False}):

@@ -69,12 +69,18 @@ def test_a_page_too_many_says_so_and_does_not_reconnect(servers, visit, alices, 
     second = visit(site, "alice")
     attempts = []
     second.page.on("websocket", lambda socket: attempts.append(socket.url))
+    second.page.add_init_script("""window.__closes = [];
+        document.addEventListener("htmx:wsClose", evt => window.__closes.push(evt.detail.event.code));""")
     second.goto(f"/conversations/{alices.pk}/")
     note = second.page.locator("#live-closed")
     expect(note).to_contain_text("too many live pages")
     assert note.get_attribute("data-code") == "4429"
     time.sleep(3)  # htmx's ws extension would have retried by now (its first delay is 1 s)
-    assert len(attempts) == 1, attempts
+    # No attempt after the 4429. One before it may have been cut off (1006: a handshake
+    # that timed out on a busy machine), which the extension rightly retried.
+    closes = second.page.evaluate("window.__closes")
+    assert closes[-1] == 4429 and len(attempts) == len(closes), (attempts, closes)
+    assert set(closes[:-1]) <= {1006}, closes
 
     # the first page still follows the conversation, and bob's own page opens
     turn = alices.turns.get()

@@ -13,12 +13,6 @@ from skills.executor import execute_skill
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    """The users made for these tests never log in: skip the deliberately slow hasher."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def dispatch(alice):
     return dispatch_for(turn_for(conversation_for(alice)))

@@ -140,7 +140,7 @@ def smtp(settings):
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), FakeSMTP)
     server.daemon_threads = True
     server.received = 0
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST, settings.EMAIL_PORT, settings.EMAIL_TIMEOUT = "127.0.0.1", server.server_address[1], 5

@@ -254,7 +254,10 @@ class ScriptedLLM:
         self.rate_limit = rate_limit
         self._server = _Server(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # `stop` waits for the serving loop to look up: every 0.5 s by default, half a
+        # second of every test's teardown
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02},
+                                        daemon=True)
 
     @property
     def rate_limit(self) -> RateLimit | None:

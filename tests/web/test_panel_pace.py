@@ -6,6 +6,7 @@ carry it."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -17,7 +18,7 @@ from assistant.live import BUSY_PANELS, Cursor
 from orchestration.records.catalogue import AGENT_LLM_CALL, TURN_COMPLETED
 from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
-from tests.sockets import communicator
+from tests.sockets import communicator, nothing_but_busy_panels
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -97,6 +98,10 @@ async def test_a_row_does_not_wait_for_the_busy_panels(alice, settings, monkeypa
     assert 'id="answer-draft"' in await comm.receive_from(timeout=3)
     first = await database_sync_to_async(record)("step 1")
     assert f'id="event-{first}"' in await comm.receive_from(timeout=3)
+    for _ in range(300):  # the busy panels' render begins, and is held
+        if renders:
+            break
+        await asyncio.sleep(0.01)
     second = await database_sync_to_async(record)("step 2")
     assert f'id="event-{second}"' in await comm.receive_from(timeout=3)  # while the lane is held
     assert len(renders) == 1
@@ -128,6 +133,7 @@ async def test_a_hidden_tab_gets_its_rows_and_the_busy_panels_once_it_shows(alic
     first = await database_sync_to_async(record)("step 1")
     assert f'id="event-{first}"' in await comm.receive_from(timeout=3)
     assert GRAPH in await comm.receive_from(timeout=3)  # still visible: the junk changed nothing
+    assert await nothing_but_busy_panels(comm, timeout=0.3)  # a render still in flight goes out
 
     await comm.send_to(text_data='{"visible": false}')
     second = await database_sync_to_async(record)("step 2")
