@@ -58,7 +58,10 @@ class TurnStatus(models.TextChoices):
     STOPPED = "stopped"
 
 
-ACTIVE_TURN_STATUSES = (TurnStatus.RUNNING, TurnStatus.WAITING, TurnStatus.PAUSED)
+# A turn at work: its orchestrator runs or waits for its agents (the engine goes on with it).
+WORKING_TURN_STATUSES = (TurnStatus.RUNNING, TurnStatus.WAITING)
+# Not ended yet: at work, or paused for its owner.
+ACTIVE_TURN_STATUSES = (*WORKING_TURN_STATUSES, TurnStatus.PAUSED)
 
 
 class Turn(models.Model):

@@ -24,7 +24,15 @@ from django.db.models import Case, CharField, Count, Exists, F, OuterRef, Sum, V
 from django.utils import timezone
 
 from orchestration.delivery.queue import enqueue_orchestrator_step, enqueue_subagents
-from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, LLMCall, Turn, TurnStatus
+from orchestration.models import (
+    WORKING_TURN_STATUSES,
+    AgentDispatch,
+    DispatchOutcome,
+    DispatchState,
+    LLMCall,
+    Turn,
+    TurnStatus,
+)
 from orchestration.records.catalogue import AGENT_CLOSED
 from orchestration.records.events import event_new, events_record
 from skills.provenance import merged  # noqa: F401 (the engine calls it lifecycle.merged)
@@ -103,7 +111,7 @@ def transition(dispatch_id: int, *, source: str | Iterable[str], target: str, wh
     matching = AgentDispatch.objects.filter(pk=dispatch_id, state__in=sources, **(where or {}))
     if turn_live:  # EXISTS, not a join: an UPDATE over a join is a subquery of the table itself
         matching = matching.filter(Exists(Turn.objects.filter(
-            pk=OuterRef("turn_id"), status__in=(TurnStatus.RUNNING, TurnStatus.WAITING))))
+            pk=OuterRef("turn_id"), status__in=WORKING_TURN_STATUSES)))
     return bool(matching.update(state=target, **fields))
 
 
@@ -163,7 +171,7 @@ def dispatch_schedule(turn: Turn, dispatches: list[AgentDispatch] | None = None,
       queued again otherwise: O(agents) tasks per turn, not O(agents²).
     - The orchestrator likewise: woken when its agents are done, queued when it can run
       and nobody holds or has queued it."""
-    if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
+    if turn.status not in WORKING_TURN_STATUSES:
         return []
     if dispatches is None:
         dispatches = list(turn.dispatches.all())

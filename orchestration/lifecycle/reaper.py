@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.lifecycle.turns import turn_fail
-from orchestration.models import AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
+from orchestration.models import WORKING_TURN_STATUSES, AgentDispatch, DispatchOutcome, DispatchState, Turn, TurnStatus
 from orchestration.records.catalogue import AGENT_FAILED
 from orchestration.records.events import event_record
 
@@ -35,7 +35,7 @@ def reap_expired() -> dict:
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.ASSISTANT_LEASE_SECONDS)
     counts = {"crashes": 0, "dispatches_dead": 0, "turns_dead": 0, "queued_again": 0, "woken": 0}
-    for turn_id in Turn.objects.filter(status__in=[TurnStatus.RUNNING, TurnStatus.WAITING]).values_list("pk", flat=True):
+    for turn_id in Turn.objects.filter(status__in=WORKING_TURN_STATUSES).values_list("pk", flat=True):
         _reap_turn(turn_id, now, stale_before, counts)
     if any(counts.values()):
         logger.warning("Reaper: %s", counts)
@@ -45,7 +45,7 @@ def reap_expired() -> dict:
 @transaction.atomic
 def _reap_turn(turn_id: int, now, stale_before, counts: dict) -> None:
     turn = lifecycle.lock_turn(turn_id)
-    if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
+    if turn.status not in WORKING_TURN_STATUSES:
         return
     for dispatch in turn.dispatches.filter(state=DispatchState.RUNNING, lease_expires_at__lt=now):
         counts["crashes"] += 1

@@ -18,7 +18,7 @@ from orchestration.budgets.limits import LIMIT_WORDS, Limits, LimitTripped
 from orchestration.budgets.spending import CAP_GRANT, SPEND_CAP, cap_label, cap_reached_words, spend_blocked
 from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.lifecycle.refusals import TurnRefused
-from orchestration.models import DispatchState, Message, Turn, TurnPause, TurnStatus
+from orchestration.models import WORKING_TURN_STATUSES, DispatchState, Message, Turn, TurnPause, TurnStatus
 from orchestration.records.catalogue import LIMIT_TRIPPED, TURN_PAUSED, TURN_RESUMED
 from orchestration.records.events import event_record
 from orchestration.records.history import message_append
@@ -34,7 +34,7 @@ def turn_pause(*, turn_id: int, trip: LimitTripped, token: str | None = None,
     (it waits to start again, it is not still working)."""
     with transaction.atomic():
         turn = lifecycle.lock_turn(turn_id)
-        if turn.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
+        if turn.status not in WORKING_TURN_STATUSES:
             return None
         if token is not None and turn.status == TurnStatus.RUNNING and turn.lease_token not in ("", token):
             return None

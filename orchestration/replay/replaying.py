@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from orchestration.llm import LLMError, LLMResponse
 from orchestration.models import (
+    ACTIVE_TURN_STATUSES,
     AgentDispatch,
     Conversation,
     Event,
@@ -48,7 +49,6 @@ from skills.base import SkillError
 
 REPLAY_TITLE = "Replay of turn {turn}"
 PROVIDER_WEATHER = (ORCHESTRATOR_LLM_RETRY, AGENT_ATTEMPT, LLM_WAITING)
-ACTIVE = (TurnStatus.RUNNING, TurnStatus.WAITING, TurnStatus.PAUSED)
 
 
 @dataclass
@@ -160,7 +160,7 @@ def replay(turn: Turn, *, keep: bool = False) -> Replay:
         result.divergences += compare(turn, new)
         result.replayed = new if keep else None  # its rows are gone with its conversation
     finally:
-        for active in Turn.objects.filter(conversation=conversation, status__in=ACTIVE):
+        for active in Turn.objects.filter(conversation=conversation, status__in=ACTIVE_TURN_STATUSES):
             result.divergences.append(f"the new run did not end ({active.status}); it was stopped")
             turn_stop(turn=active, user=owner)
         if not keep:
