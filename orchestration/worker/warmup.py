@@ -29,11 +29,13 @@ logger = logging.getLogger(__name__)
 
 # Workers warmed up so far: made before the qcluster forks its processes, which share it.
 _warmed = multiprocessing.Value("i", 0) if settings.RUNNING_QCLUSTER else None
+_preloaded = False  # this process (or the one it was forked from) ran `preload`
 
 
 def preload() -> None:
     """Import what every worker needs, in the qcluster's first process, before it forks.
     Nothing here starts a thread or keeps a connection: those do not survive a fork."""
+    global _preloaded
     from django.db import connections
     from django_q.conf import Conf
 
@@ -42,6 +44,7 @@ def preload() -> None:
     _import_engine()
     connections.close_all()  # should the imports have queried: a connection must not cross a fork
     freeze_start_up()  # the children's collections leave the shared pages alone
+    _preloaded = True
 
 
 def warm_up(**kwargs) -> None:
@@ -54,7 +57,8 @@ def warm_up(**kwargs) -> None:
     from orchestration.delivery.runner import runner_start
     from orchestration.models import Turn
 
-    _import_engine()  # done before the fork (`preload`): here only if this process missed it
+    if not _preloaded:  # a worker spawned, not forked (another start method): no pages shared
+        _import_engine()
     runner_start()
     Turn.objects.filter(pk=0).exists()  # the (persistent) database connection, and the ORM's first query
     get_channel_layer()
