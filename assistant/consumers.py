@@ -28,6 +28,9 @@ socket cheap and the handshakes fast:
   When daphne is saturated, the lane is what slows down: each page's panels come less
   often, and what a socket owes meanwhile is joined into one render.
 
+A tab in the background is sent nothing (the page says when it hides and shows): what
+its messages carry is dropped, and the push when it shows reads the log from its cursor.
+
 Close codes the page knows (static/js/live.js): 4403 not yours (or not signed in), 4429
 too many live pages open.
 """
@@ -87,7 +90,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         self.busy_owed: frozenset[str] = frozenset()  # busy panels due, for `send_busy`
         self.busy_newest: Event | None = None  # the newest event of the push that owed them
         self.busy_sender: asyncio.Task | None = None
-        self.hidden = False  # the page's tab is in the background: no busy panels until it shows
+        self.hidden = False  # the page's tab is in the background: nothing is pushed until it shows
         refused = socket_join(user_id=self.conversation.owner_id, conversation_id=conversation_id, wake=self.wake)
         if refused:
             logger.info("Socket refused for conversation %s: %s", conversation_id, refused)
@@ -124,31 +127,37 @@ class ConversationConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive(self, text_data=None, bytes_data=None):
-        """The page says only whether its tab is in view (static/js/live.js): a hidden
-        tab gets its rows and chat but no busy panels, which are rendered and sent once it
-        shows again. Changes are htmx POSTs with CSRF, never socket messages; anything
-        else a browser sends is ignored."""
+        """The page says only whether its tab is in view (static/js/live.js). Nobody
+        watches a hidden tab: it is sent nothing, and what its messages carried is
+        dropped; when it shows again, one push reads the log from its cursor (as a
+        reconnect's catch-up does) and the busy panels follow. Changes are htmx POSTs with
+        CSRF, never socket messages; anything else a browser sends is ignored."""
         visible = _visibility(text_data)
         if visible is None or not getattr(self, "joined", False) or self.hidden != visible:
             return  # not a visibility, a socket refused, or no change
         self.hidden = not visible
-        if visible and self.busy_owed:
-            self.owe_busy(frozenset(), newest=None)  # what it owes, as things are now
+        if visible:
+            if self.must_read or self.inbox or self.draft_in is not None:
+                self.wanted.set()
+            if self.busy_owed:
+                self.owe_busy(frozenset(), newest=None)  # what it owes, as things are now
 
     def wake(self) -> None:
-        """Something changed that no message told of: read the log (and the draft)."""
+        """Something changed that no message told of (or that a hidden tab let go): read
+        the log (and the draft), once the tab is in view."""
         self.must_read = True
-        self.wanted.set()
+        if not self.hidden:
+            self.wanted.set()
 
     async def event_created(self, message):
-        if "events" in message:
+        if "events" in message and not self.hidden:
             self.inbox.extend(message["events"])  # pushed by the delivery task with the rest
             self.wanted.set()
-        else:  # too big to carry
+        else:  # too big to carry, or nobody looking: read from the log when it matters
             self.wake()
 
     async def answer_streamed(self, message):
-        if "draft" in message:
+        if "draft" in message and not self.hidden:
             self.draft_in = message["draft"]
             self.wanted.set()
         else:
@@ -164,6 +173,9 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         pushed_at = float("-inf")
         while True:
             await self.wanted.wait()
+            if self.hidden:  # a timer's wake-up: the tab's showing sets it again
+                self.wanted.clear()
+                continue
             if (wait := pushed_at + settings.ASSISTANT_PUSH_INTERVAL_SECONDS - loop.time()) > 0:
                 await asyncio.sleep(wait)  # what else arrives meanwhile joins this read
             pushed_at = loop.time()

@@ -180,10 +180,10 @@ document.addEventListener("htmx:oobBeforeSwap", function (evt) {
   });
 })();
 
-// A tab in the background needs no counters, graph or waterfall: tell the socket when the
-// page hides and shows (the one thing a page sends it), and it holds those panels back
-// until the tab is in view again, then sends them as they are then. A new socket starts
-// out visible, so a page that (re)connects while hidden says so at once.
+// Nobody watches a tab in the background: tell the socket when the page hides and shows
+// (the one thing a page sends it). It sends a hidden tab nothing, and when the tab is in
+// view again, what it missed, as a reconnect's catch-up does. A new socket starts out
+// visible, so a page that (re)connects while hidden says so at once.
 (function () {
   var socket = null;
   function tell() {
