@@ -285,12 +285,21 @@ class Orchestrator:
             raise LeaseLost(f"turn {self.turn_id}: lease lost")
         self.verified_at = time.monotonic()
 
+    def _held(self, locked: Turn) -> None:
+        """`_hold` for a turn the caller has just locked: its row says whether it is still
+        ours (only the holder and those who lock it move the lease), and the answer this
+        step stored renewed the lease a moment ago. One UPDATE fewer on the dispatch and
+        results paths."""
+        if locked.lease_token != self.token or locked.status != TurnStatus.RUNNING:
+            raise LeaseLost(f"turn {self.turn_id}: lease lost")
+        self.verified_at = time.monotonic()
+
     def _dispatch_batch(self, calls: list[ToolCall]) -> None:
         turn = self.turn
         task_prompt = turn.messages.filter(role=Message.Role.USER).values_list("content", flat=True).first() or ""
         with transaction.atomic():
             locked = lifecycle.lock_turn(turn.pk)
-            self._hold()
+            self._held(locked)
             planned = dispatch_batch(turn=locked, calls=calls, task_prompt=task_prompt, profiles=self.profiles)
             answers = [{"role": Message.Role.TOOL, "tool_call_id": item.call.id,
                         "content": error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
@@ -304,7 +313,7 @@ class Orchestrator:
         arguments, error = parse_arguments(call.arguments, get_agent_results_parameters())
         with transaction.atomic():
             turn = lifecycle.lock_turn(self.turn_id)
-            self._hold()
+            self._held(turn)
             if error:
                 message_append(turn=turn, role=Message.Role.TOOL, content=error_json(error), tool_call_id=call.id)
                 return steps.AGAIN

@@ -35,10 +35,10 @@ NOT_THE_STEPS = re.compile(r'"(skills_task|orchestration_providercapacity|skills
 # The budgets. Raise one only with the feature that needs it, and say so in its diff.
 AGENT_STEP = 4  # answer, the turn's counters (and the lease), the calls run ahead, the events
 AGENT_STEP_COMMITS = 1
-ORCHESTRATOR_STEPS = {"get_skill": 7, "dispatch": 13, "results": 13}  # results: two agents merged in 3
+ORCHESTRATOR_STEPS = {"get_skill": 7, "dispatch": 13, "results": 12}  # results: two agents merged in 3
 HANDOFF = 13  # the dependency's report (stored with its end) → the dependent's first request
 HANDOFF_COMMITS = 2  # the report with the end, then the dependent's claim
-DISPATCH = 18  # the orchestrator's dispatch answer → its first agent's first request
+DISPATCH = 17  # the orchestrator's dispatch answer → its first agent's first request
 DISPATCH_COMMITS = 3  # the answer, the dispatches created (the turn's read once), the agent's claim
 
 
