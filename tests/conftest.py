@@ -168,7 +168,7 @@ def postgres_sessions_ended(django_db_setup, django_db_blocker):
     the process ends, and DROP DATABASE refused ("being accessed by other users"), left
     the database behind and printed a warning at the end of the run."""
     yield
-    if connection.vendor == "postgresql":
-        with django_db_blocker.unblock(), connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                           " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    if connection.vendor == "postgresql":  # from the server's own database, as Django drops it
+        with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                           [connection.settings_dict["NAME"]])

@@ -159,8 +159,9 @@ def test_a_request_larger_than_the_burst_passes_when_it_is_whole_and_leaves_a_de
     ask_model(llm, prompt="x" * 4000, max_tokens=500)  # 1,500 tokens: the bucket is 1,000 in debt
     with pytest.raises(openai.RateLimitError) as refused:
         ask_model(llm, max_tokens=100)
-    # the 1,000 owed and the 101 asked for ("Hi.", 1 token, and 100), at 100 a second: 11.01 s
-    assert refused.value.response.headers["retry-after"] == "12"
+    # the 1,000 owed and the 101 asked for ("Hi.", 1 token, and 100), at 100 a second: 11.01 s,
+    # less what the bucket refilled between the two requests (past 10 ms on a busy machine)
+    assert refused.value.response.headers["retry-after"] in ("11", "12")
 
 
 def test_every_answer_under_a_limit_says_what_is_left_plain_or_streamed(llm):
