@@ -12,6 +12,9 @@ does for a person:
 3. Send a message as htmx does (HX-Request, X-CSRFToken from the page's `hx-headers`,
    the form's fields) — the *post* latency — and wait until the socket shows the turn's
    final event (`turn.completed`; `turn.failed`/`paused`/`stopped` count as errors).
+   With `hidden` > 0, that share of the turns is spent in another tab: the page tells its
+   socket it is hidden right after the post, and visible again `hidden_seconds` later,
+   as the browser's visibilitychange does; such a turn's time is not sampled.
    Think a moment, send the next one; after `turns_per_conversation` turns, close the
    page (once its socket has caught up with the database) and start a new conversation.
 4. Stop starting turns when the duration is over; turns in flight finish.
@@ -19,7 +22,9 @@ does for a person:
 Every event row a socket receives (`id="event-<pk>"`) is timed on arrival; at the end
 the *event* latency is arrival minus `Event.created_at` (taken by the worker just before
 the INSERT, so it includes the rest of the worker's transaction), and each socket's set
-of event ids is compared with the database's events of its conversation. A socket that
+of event ids is compared with the database's events of its conversation. Events held
+back from a hidden tab (committed while it was hidden, received when it showed) are
+left out of the event latency: nobody was looking. A socket that
 closes unexpectedly reconnects to the same URL as htmx does, which replays; rows it
 already had are counted as duplicates.
 """
@@ -27,6 +32,7 @@ already had are counted as duplicates.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import platform
@@ -88,6 +94,8 @@ class LoadConfig:
     settle_timeout: float = 15.0  # how long a closing page waits for its socket to catch up
     progress_every: float = 10.0
     password: str = "load-test-password-1"
+    hidden: float = 0.0  # the share of turns spent in another tab (the page hidden)
+    hidden_seconds: float = 3.0  # how long, from the post
     debug: bool = False  # DEBUG for daphne and the workers (off: as in production)
 
     def plan(self) -> Plan:
@@ -191,6 +199,11 @@ class SocketRecord:
     reconnects: int = 0
     messages: int = 0
     catch_up_s: float | None = None  # at close: how long until it had every event in the database
+    hidden: list[tuple[float, float]] = field(default_factory=list)  # (hidden, shown again), epoch s
+
+    def held_back(self, committed: float, arrived: float) -> bool:
+        """The event waited for the tab to show: committed before it showed, received after."""
+        return any(committed < shown <= arrived and committed >= hid - 1.0 for hid, shown in self.hidden)
 
 
 class Stats:
@@ -205,6 +218,7 @@ class Stats:
         self.turns_started = 0
         self.turns_completed = 0
         self.turns_in_window = 0
+        self.turns_hidden = 0
         self.turn_outcomes: Counter[str] = Counter()
         self.started = time.monotonic()
         self.started_epoch = time.time()
@@ -244,6 +258,16 @@ class PageSocket:
         self.closing = False
         self.ws = None
         self.reader: asyncio.Task | None = None
+        self.hidden_at: float | None = None  # epoch s, while the tab is hidden
+
+    async def hide(self) -> None:
+        self.hidden_at = time.time()
+        await self.ws.send(json.dumps({"visible": False}))
+
+    async def show(self) -> None:
+        self.record.hidden.append((self.hidden_at, time.time()))
+        self.hidden_at = None
+        await self.ws.send(json.dumps({"visible": True}))
 
     async def open(self) -> None:
         self.ws = await self._connect()
@@ -283,6 +307,8 @@ class PageSocket:
                 return
             stats.open_sockets += 1
             self.record.reconnects += 1
+            if self.hidden_at is not None:  # a new socket starts visible: say so again, as the page does
+                await self.ws.send(json.dumps({"visible": False}))
 
     def _arrived(self, html: str) -> None:
         now = time.time()
@@ -338,6 +364,7 @@ class VirtualUser:
                                       trust_env=False, headers={"User-Agent": "assistant-load/1"})
         self.turn_number = 0
         self.list_page = None
+        self.hidden_owed = 0.0  # `hidden` turns add up: every turn that reaches one is spent in another tab
 
     def cookie_header(self) -> str:
         return "; ".join(f"{c.name}={c.value}" for c in self.http.cookies.jar)
@@ -447,6 +474,14 @@ class VirtualUser:
         if posted is None:
             return False
         stats.turns_started += 1
+        self.hidden_owed += stats.config.hidden
+        hidden = self.hidden_owed >= 1
+        if hidden:
+            self.hidden_owed -= 1
+            stats.turns_hidden += 1
+            await socket_.hide()
+            await asyncio.sleep(stats.config.hidden_seconds)
+            await socket_.show()
         try:
             event_type, event_id, seen = await asyncio.wait_for(socket_.finals.get(), stats.config.turn_timeout)
         except asyncio.TimeoutError:
@@ -460,7 +495,8 @@ class VirtualUser:
             return False
         stats.turns_completed += 1
         stats.turns_in_window += seen <= stats.deadline
-        stats.sample("turn", seen - started)
+        if not hidden:
+            stats.sample("turn", seen - started)
         return True
 
 
@@ -537,7 +573,7 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
     for event_id, conversation_id, created_at in Event.objects.filter(
             conversation_id__in=conversation_ids).values_list("id", "conversation_id", "created_at"):
         stored[conversation_id][event_id] = created_at.timestamp()
-    mismatched, event_latency = [], []
+    mismatched, event_latency, held_back = [], [], 0
     for record in stats.sockets:
         in_db = stored[record.conversation_id]
         missing = sorted(in_db.keys() - record.received.keys())
@@ -547,8 +583,13 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
                                "missing": missing[:20], "extra": extra[:20], "missing_count": len(missing)})
             stats.error("socket != database", f"conversation {record.conversation_id}: {len(missing)} missing, "
                         f"{len(extra)} extra")
-        event_latency += [(in_db[event_id] - stats.started_epoch, arrived - in_db[event_id])
-                          for event_id, arrived in record.received.items() if event_id in in_db]
+        for event_id, arrived in record.received.items():
+            if event_id not in in_db:
+                continue
+            if record.held_back(in_db[event_id], arrived):
+                held_back += 1
+            else:
+                event_latency.append((in_db[event_id] - stats.started_epoch, arrived - in_db[event_id]))
     turn_status = Counter(Turn.objects.filter(conversation_id__in=conversation_ids).values_list("status", flat=True))
     llm_errors = server.errors[llm_errors_before:]
     for message in llm_errors:
@@ -578,7 +619,8 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
         "steady_latency_ms": {kind: latency_figures([v for t, v in values if steady_from <= t <= config.duration])
                               for kind, values in sorted(samples.items()) if kind in STEADY_KINDS},
         "events": {"received": events_received, "in_database": sum(len(v) for v in stored.values()),
-                   "per_second": round(events_received / max(wall, 1e-9), 1)},
+                   "per_second": round(events_received / max(wall, 1e-9), 1), "held_back_from_hidden_tabs": held_back},
+        "hidden_turns": stats.turns_hidden,
         "sockets": {"count": len(stats.sockets), "equal_to_database": len(stats.sockets) - len(mismatched),
                     "mismatched": mismatched[:20], "duplicates": sum(s.duplicates for s in stats.sockets),
                     "reconnects": sum(s.reconnects for s in stats.sockets),
@@ -677,7 +719,9 @@ def table(report: dict) -> str:
     config = report["config"]
     lines = [
         f"{report['setup']} · {config['users']} users · {config['duration']:.0f} s · {config['workers']} workers · "
-        f"LLM {config['latency_ms']} ms · {config['agents']} agents/turn",
+        f"LLM {config['latency_ms']} ms · {config['agents']} agents/turn"
+        + (f" · {report['hidden_turns']} turns in a hidden tab ({config['hidden_seconds']:g} s each)"
+           if config.get("hidden") else ""),
         f"{'throughput':<26} {turns['per_minute']:>8.1f} turns/min ({turns['completed_in_window']} in "
         f"{config['duration']:.0f} s; {turns['completed']} completed in all, {turns['started']} started)",
         f"{'events':<26} {report['events']['received']:>8} received ({report['events']['per_second']}/s)",

@@ -3,7 +3,8 @@ a few seconds against daphne and a qcluster on the test database — on SQLite w
 in-memory channel layer, and on PostgreSQL + Redis when CI sets them.
 
 No figures are asserted (the machine is shared), only what must hold under any load:
-no errors, and every socket received exactly the events the database has.
+no errors, and every socket received exactly the events the database has, every other
+turn's page hidden from its post on (the socket sends it nothing, then catches it up).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def test_load_driver_users_see_every_event(llm, tmp_path, capsys):
     # as the qcluster fixture does: the reaper's schedule must not fire in the middle
     Schedule.objects.filter(func="orchestration.lifecycle.reaper.reap_expired").delete()
     config = LoadConfig(users=3, duration=10, latency_ms=50, workers=3, agents=2, turns_per_conversation=2,
-                        ramp=1, think=0.2, turn_timeout=60, progress_every=5)
+                        ramp=1, think=0.2, turn_timeout=60, progress_every=5, hidden=0.5, hidden_seconds=0.5)
 
     report = run_load(config, server=llm, log_dir=tmp_path)
 
@@ -35,5 +36,7 @@ def test_load_driver_users_see_every_event(llm, tmp_path, capsys):
     assert turns["in_database"] == {"completed": turns["completed"]}
     assert report["events"]["received"] == report["events"]["in_database"] > 0
     assert report["latency_ms"]["page"]["n"] == sockets["count"]
-    assert report["latency_ms"]["event"]["n"] == report["events"]["received"]
+    events = report["events"]
+    assert report["hidden_turns"] >= 1 and events["held_back_from_hidden_tabs"] > 0, events
+    assert report["latency_ms"]["event"]["n"] == events["received"] - events["held_back_from_hidden_tabs"]
     assert report["llm_requests"] == turns["completed"] * config.llm_calls_per_turn
