@@ -73,6 +73,19 @@ def postgres_flush_by_delete():
     DatabaseOperations.sql_flush = truncate
 
 
+@pytest.fixture(autouse=True, scope="session")
+def postgres_sessions_ended(django_db_setup, django_db_blocker):
+    """End every other session on the test database before it is dropped. A thread that
+    used the database (a runner's, asgiref's) holds its connection out of the pool until
+    the process ends, and DROP DATABASE refused ("being accessed by other users"), left
+    the database behind and printed a warning at the end of the run."""
+    yield
+    if connection.vendor == "postgresql":  # from the server's own database, as Django drops it
+        with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                           [connection.settings_dict["NAME"]])
+
+
 @pytest.fixture(autouse=True)
 def panels_unpaced(settings):
     """In-process sockets send every panel with its events (tests read a push whole);
@@ -158,17 +171,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "postgres" in item.keywords:
             item.add_marker(skip)
-
-
-
-@pytest.fixture(autouse=True, scope="session")
-def postgres_sessions_ended(django_db_setup, django_db_blocker):
-    """End every other session on the test database before it is dropped. A thread that
-    used the database (a runner's, asgiref's) holds its connection out of the pool until
-    the process ends, and DROP DATABASE refused ("being accessed by other users"), left
-    the database behind and printed a warning at the end of the run."""
-    yield
-    if connection.vendor == "postgresql":  # from the server's own database, as Django drops it
-        with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                           [connection.settings_dict["NAME"]])
