@@ -262,12 +262,16 @@ class PageSocket:
 
     async def hide(self) -> None:
         self.hidden_at = time.time()
-        await self.ws.send(json.dumps({"visible": False}))
+        await self._tell(visible=False)
 
     async def show(self) -> None:
         self.record.hidden.append((self.hidden_at, time.time()))
         self.hidden_at = None
-        await self.ws.send(json.dumps({"visible": True}))
+        await self._tell(visible=True)
+
+    async def _tell(self, *, visible: bool) -> None:
+        """What the page's visibilitychange sends (static/js/live.js)."""
+        await self.ws.send(json.dumps({"visible": visible}))
 
     async def open(self) -> None:
         self.ws = await self._connect()
@@ -308,7 +312,7 @@ class PageSocket:
             stats.open_sockets += 1
             self.record.reconnects += 1
             if self.hidden_at is not None:  # a new socket starts visible: say so again, as the page does
-                await self.ws.send(json.dumps({"visible": False}))
+                await self._tell(visible=False)
 
     def _arrived(self, html: str) -> None:
         now = time.time()

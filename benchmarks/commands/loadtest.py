@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ramp", type=float, default=defaults.ramp, help="Seconds over which users start.")
     parser.add_argument("--think", type=float, default=defaults.think, help="Mean seconds between turns.")
     parser.add_argument("--turn-timeout", type=float, default=defaults.turn_timeout)
-    parser.add_argument("--hidden", type=float, default=defaults.hidden,
+    parser.add_argument("--hidden", type=_share, default=defaults.hidden,
                         help="Share of turns spent in another tab (0-1): the page hidden from the post on.")
     parser.add_argument("--hidden-seconds", type=float, default=defaults.hidden_seconds,
                         help="How long such a tab stays hidden.")
@@ -41,13 +41,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="Run on a database not named *bench* or *load*.")
 
 
+def _share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise argparse.ArgumentTypeError(f"a share of the turns, from 0 to 1, not {text!r}")
+    return share
+
+
 def run(options: argparse.Namespace) -> None:
     name = Path(str(connection.settings_dict["NAME"])).name
     if "bench" not in name and "load" not in name and not options.force:
         raise Refused(f"Refusing to write load-test data into {name!r}; point DATABASE_URL at a scratch "
                       "database whose name contains 'load' or 'bench' (make load does), or pass --force.")
-    if not 0 <= options.hidden <= 1:
-        raise Refused("--hidden is a share of the turns, from 0 to 1.")
     config = LoadConfig(
         users=options.users, duration=options.duration, latency_ms=options.latency,
         workers=options.workers, agents=options.agents,

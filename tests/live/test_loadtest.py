@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from django_q.models import Schedule
 
+from benchmarks.__main__ import main as benchmarks_main
 from benchmarks.load import LoadConfig, run_load, table
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -40,3 +41,11 @@ def test_load_driver_users_see_every_event(llm, tmp_path, capsys):
     assert report["hidden_turns"] >= 1 and events["held_back_from_hidden_tabs"] > 0, events
     assert report["latency_ms"]["event"]["n"] == events["received"] - events["held_back_from_hidden_tabs"]
     assert report["llm_requests"] == turns["completed"] * config.llm_calls_per_turn
+
+
+@pytest.mark.parametrize("share", ["2", "-0.5", "half"])
+def test_a_hidden_share_outside_0_to_1_is_refused_before_anything_starts(share, capsys):
+    with pytest.raises(SystemExit) as refused:
+        benchmarks_main(["loadtest", "--hidden", share])
+    assert refused.value.code == 2
+    assert f"--hidden: a share of the turns, from 0 to 1, not '{share}'" in capsys.readouterr().err
