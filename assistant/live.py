@@ -320,10 +320,16 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
         latest = (conversation.turns.order_by("-number")
                   .only(*LATEST_TURN_FIELDS).first())
         context["active_turn"] = latest if latest is not None and latest.status in ACTIVE_TURN_STATUSES else None
+    # The graph and the waterfall show the same agents and spend, the counters the
+    # conversation's spend (with the agents', one query), the graph and the waterfall the
+    # same events: each read once for all.
+    agents = (selectors.turn_agents(latest, conversation_usage="counters" in panels)
+              if latest and panels & {"graph", "waterfall"} else None)
+    events = selectors.turn_events(latest) if latest and "waterfall" in panels else None
     if "counters" in panels:
         if not conversation.title:  # set once, by the first request: the header shows it live
             conversation.refresh_from_db(fields=["title"])
-        context["usage"] = selectors.conversation_usage(conversation=conversation)
+        context["usage"] = agents.conversation if agents else selectors.conversation_usage(conversation=conversation)
     if "outside" in panels:  # a socket holds its conversation from before the turn ended
         conversation.refresh_from_db(fields=["outside", "outside_since"])
     if "messages" in panels:
@@ -331,11 +337,9 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
         context["suggestions"] = EXAMPLE_REQUESTS[:4]  # shown while the chat is empty
     if panels & {"pause", "composer"}:
         context["pause"] = selectors.open_pause(conversation=conversation)
-    # The graph and the waterfall show the same agents and spend: one read for both.
-    agents = selectors.turn_agents(latest) if latest and panels & {"graph", "waterfall"} else None
     if "graph" in panels:
-        graph, graph_spend = selectors.agent_graph(turn=latest, agents=agents) if latest else ([], None)
+        graph, graph_spend = selectors.agent_graph(turn=latest, agents=agents, events=events) if latest else ([], None)
         context.update(graph=graph, graph_spend=graph_spend, graph_turn=latest)
     if "waterfall" in panels:
-        context["waterfall"] = turn_waterfall(latest, agents=agents) if latest else None
+        context["waterfall"] = turn_waterfall(latest, agents=agents, events=events) if latest else None
     return context

@@ -202,14 +202,15 @@ def test_a_push_re_renders_only_the_panels_its_events_can_change(started):
 
 def test_the_busy_panels_read_the_turns_agents_once(started, django_assert_num_queries):
     """The counters, the graph and the waterfall, rendered together on their lane: the
-    latest turn, the conversation's spend, the agents and the turn's spend (once for the
-    graph and the waterfall: it was read twice, and the turn again), the graph's progress
-    and the waterfall's events. Six statements, whatever the number of agents."""
+    latest turn, the agents, the spend (the turn's per agent and the conversation's, one
+    grouped query) and the turn's events (the waterfall's bars and the graph's progress).
+    Four statements, whatever the number of agents: it was seven (the turn's spend read
+    twice, then the conversation's and the progress apart)."""
     conversation, turn, _ = started
     lead = dispatch_for(turn, "lead", state="running")
     for agent_id in ("a", "b", "c"):
         dispatch_for(turn, agent_id, parent=lead, state="running")
-    with django_assert_num_queries(6):
+    with django_assert_num_queries(4):
         html = live.render_events(conversation, [], frozenset(live.BUSY_PANELS))
     assert all(f'data-agent="{agent_id}"' in html for agent_id in ("lead", "a", "b", "c"))  # the waterfall's rows
     assert html.count('class="node state-') == 4  # and the graph's nodes

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Case, Count, F, Q, QuerySet, Sum, Value, When
 
 from orchestration.budgets.pricing import COST_PLACES, format_usd
 from orchestration.models import AgentDispatch, Conversation, LLMCall, Turn
@@ -157,6 +157,20 @@ def turn_spend(turn: Turn, dispatches: list[AgentDispatch] | None = None) -> Tur
     else:
         parents = {d.pk: d.parent_id for d in dispatches}
     return roll_up(own, parents)
+
+
+def turn_and_conversation_spend(turn: Turn, dispatches: list[AgentDispatch]) -> tuple[TurnSpend, Spend]:
+    """The turn's spend (as `turn_spend`, given its `dispatches`) and its whole
+    conversation's, from one grouped query: the live page's counters and agent graph
+    show both at once. The conversation's other turns are summed per model, not per agent."""
+    in_turn = Q(turn_id=turn.pk)
+    calls = LLMCall.objects.filter(turn__conversation_id=turn.conversation_id).annotate(
+        this_turn=Case(When(in_turn, then=Value(True)), default=Value(False)),
+        agent=Case(When(in_turn, then=F("dispatch_id")), default=None),
+    )
+    spends = _spends(calls, "this_turn", "agent")
+    own = {agent: spend for (this_turn, agent), spend in spends.items() if this_turn}
+    return roll_up(own, {d.pk: d.parent_id for d in dispatches}), sum(spends.values(), Spend())
 
 
 def conversation_spend(conversation: Conversation) -> Spend:

@@ -9,7 +9,7 @@ from django.db.models import Exists, OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from orchestration.budgets.usage import Spend, TurnSpend, conversation_spend, turn_spend
+from orchestration.budgets.usage import Spend, TurnSpend, conversation_spend, turn_and_conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, Conversation, DispatchOutcome, Event, Message, Turn
 from orchestration.records.catalogue import AGENT_LLM_CALL, SKILL_FINISHED, SKILL_STARTED
 
@@ -121,26 +121,33 @@ AGENT_FIELDS = ("turn_id", "parent_id", "agent_id", "depth", "state", "outcome",
 @dataclass(frozen=True)
 class TurnAgents:
     """A turn's agents, in dispatch order, and its spend: read once for all the panels of
-    a push that show them (the graph and the waterfall)."""
+    a push that show them (the graph and the waterfall). `conversation`: the whole
+    conversation's spend, when the push shows the counters too."""
 
     dispatches: list[AgentDispatch]
     spend: TurnSpend
+    conversation: Spend | None = None
 
 
-def turn_agents(turn) -> TurnAgents:
-    """Two queries: the agents, then the turn's spend grouped by agent."""
+def turn_agents(turn, *, conversation_usage: bool = False) -> TurnAgents:
+    """Two queries: the agents, then the turn's spend grouped by agent (and, with
+    `conversation_usage`, the conversation's in the same query)."""
     dispatches = list(turn.dispatches.order_by("id").only(*AGENT_FIELDS))
+    if conversation_usage:
+        spend, conversation = turn_and_conversation_spend(turn, dispatches)
+        return TurnAgents(dispatches=dispatches, spend=spend, conversation=conversation)
     return TurnAgents(dispatches=dispatches, spend=turn_spend(turn, dispatches))
 
 
-def agent_graph(*, turn, agents: TurnAgents | None = None) -> tuple[list[dict], TurnSpend]:
+def agent_graph(*, turn, agents: TurnAgents | None = None, events: list[Event] | None = None,
+                ) -> tuple[list[dict], TurnSpend]:
     """The turn's dispatches as a tree: each node with its state, its children and its
     spend with theirs (what delegating it cost); and the turn's spend. `agents`: as
-    `turn_agents` read them, if the caller has."""
+    `turn_agents` read them, `events`: as `turn_events` did, if the caller has."""
     agents = agents or turn_agents(turn)
     dispatches, spend = agents.dispatches, agents.spend
 
-    progress = agent_progress(turn=turn)
+    progress = agent_progress(turn=turn, events=events)
     asking = awaiting_approval(turn)
 
     def children(parent_id):
@@ -167,13 +174,26 @@ def awaiting_approval(turn) -> set[int]:
     return set(SkillApproval.objects.filter(dispatch__turn=turn, decision="").values_list("dispatch_id", flat=True))
 
 
-def agent_progress(*, turn) -> dict[int, dict]:
+def turn_events(turn) -> list[Event]:
+    """The turn's events for the waterfall (and the graph's progress, when both render)."""
+    return list(Event.objects.filter(turn=turn).order_by("id").only("id", "type", "dispatch_id", "payload", "created_at"))
+
+
+PROGRESS_EVENTS = (AGENT_LLM_CALL, SKILL_STARTED, SKILL_FINISHED)
+
+
+def agent_progress(*, turn, events: list[Event] | None = None) -> dict[int, dict]:
     """Each agent's progress, from the turn's events: the model calls it has made (its
     steps) and its latest skill call, with that call's status ("running" until it ends).
-    A light read (two payload keys, not the payloads): the graph re-renders it often."""
+    A light read (two payload keys, not the payloads): the graph re-renders it often. No
+    read with `events`, the turn's (`turn_events`)."""
     progress: dict[int, dict] = {}
-    rows = (Event.objects.filter(turn=turn, dispatch__isnull=False, type__in=(AGENT_LLM_CALL, SKILL_STARTED, SKILL_FINISHED))
-            .order_by("id").values_list("dispatch_id", "type", "payload__skill", "payload__status"))
+    if events is None:
+        rows = (Event.objects.filter(turn=turn, dispatch__isnull=False, type__in=PROGRESS_EVENTS)
+                .order_by("id").values_list("dispatch_id", "type", "payload__skill", "payload__status"))
+    else:
+        rows = [(e.dispatch_id, e.type, (e.payload or {}).get("skill"), (e.payload or {}).get("status"))
+                for e in events if e.dispatch_id is not None and e.type in PROGRESS_EVENTS]
     for dispatch_id, type_, skill, status in rows:
         agent = progress.setdefault(dispatch_id, {"steps": 0, "skill_calls": 0, "skill": "", "skill_status": ""})
         if type_ == AGENT_LLM_CALL:

@@ -34,7 +34,7 @@ from orchestration.records.catalogue import (
     SKILL_STARTED,
 )
 from orchestration.records.output import json_unwrapped
-from orchestration.reports.selectors import TurnAgents, awaiting_approval, display_state, turn_agents
+from orchestration.reports.selectors import TurnAgents, awaiting_approval, display_state, turn_agents, turn_events
 from skills.executor import ErrorKind
 
 # A model call that failed and is retried: its retry's event (when the call began is not stored).
@@ -286,12 +286,13 @@ def _axis_ticks(span_seconds: float, count: int = 4) -> list[tuple[float, str]]:
     return [(round(100 * i / count, 3), duration_text(round(span_seconds * 1000 * i / count))) for i in range(count + 1)]
 
 
-def turn_waterfall(turn: Turn, *, agents: TurnAgents | None = None, now: datetime | None = None) -> Waterfall:
+def turn_waterfall(turn: Turn, *, agents: TurnAgents | None = None, events: list[Event] | None = None,
+                   now: datetime | None = None) -> Waterfall:
     """The turn's waterfall: two reads (events, skill results) and the agents' (dispatches,
-    spend: `turn_agents`, unless the caller passes them)."""
+    spend), less what the caller passes (`agents` from `turn_agents`, `events` from
+    `turn_events`)."""
     now = now or timezone.now()
-    events = list(Event.objects.filter(turn=turn).order_by("id")
-                  .only("id", "type", "dispatch_id", "payload", "created_at"))
+    events = turn_events(turn) if events is None else events
     agents = agents or turn_agents(turn)
     dispatches, spend = agents.dispatches, agents.spend
     execution_ids = [e.payload.get("execution_id") for e in events if e.type == SKILL_FINISHED and e.payload]

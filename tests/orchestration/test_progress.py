@@ -16,8 +16,15 @@ SEARCH = ("tasks.search", {"status": "open"})
 
 
 def graph_html(conversation) -> str:
-    context = panel_context(conversation, frozenset({"graph"}))
-    return " ".join(render_to_string("conversations/panels.html", context).split())
+    """The graph panel; the same whether it reads the agents' progress itself or takes
+    it from the waterfall's events (a push that renders both reads them once)."""
+    def graph(panels: frozenset[str]) -> str:
+        context = {**panel_context(conversation, panels), "panels": frozenset({"graph"})}
+        return " ".join(render_to_string("conversations/panels.html", context).split())
+
+    alone = graph(frozenset({"graph"}))
+    assert graph(frozenset({"graph", "waterfall"})) == alone
+    return alone
 
 
 @pytest.mark.django_db

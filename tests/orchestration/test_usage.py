@@ -10,7 +10,7 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from orchestration.budgets.usage import Spend, conversation_spend, turn_spend
+from orchestration.budgets.usage import Spend, conversation_spend, turn_and_conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, LLMCall, Turn
 from orchestration.reports.selectors import conversation_usage
 from tests.factories import conversation_for, dispatch_for, turn_for
@@ -70,6 +70,25 @@ def test_a_conversation_is_all_its_turns(nested):
     assert with_two.cost_usd == Decimal("4.813")
     assert with_two.prompt_tokens == 7 * 100 + 1000
     assert with_two.cost_text() == "$4.81"
+
+
+def test_the_turns_and_the_conversations_spend_come_from_one_query(nested, django_assert_num_queries):
+    """The live page's counters and agent graph: the same figures as read apart, the
+    conversation's other turns (priced or not) counted in its total only."""
+    earlier, turn = nested["turn"], turn_for(nested["conversation"])
+    call(earlier, "orchestrator:3", model="llama3", cost=None)
+    lead = dispatch_for(turn, "lead")
+    call(turn, "orchestrator:1", cost="0.5", prompt=1000)
+    call(turn, "lead:1", dispatch=lead, cost="0.25")
+    call(turn, "helper:1", dispatch=dispatch_for(turn, "helper", parent=lead, depth=2), model="llama3", cost=None)
+    dispatches = list(turn.dispatches.all())
+
+    with django_assert_num_queries(1):
+        spend, conversation = turn_and_conversation_spend(turn, dispatches)
+
+    assert spend == turn_spend(turn) and spend.agent_total(lead.pk).llm_calls == 2
+    assert conversation == conversation_spend(nested["conversation"])
+    assert conversation.unpriced == (("llama3", 2),) and conversation.llm_calls == 7 + 1 + 3
 
 
 def test_calls_without_a_price_are_named_not_guessed(nested):
