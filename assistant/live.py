@@ -306,20 +306,25 @@ def render_panels(conversation: Conversation, panels: frozenset[str], *, newest:
     return _rendered.get(key, render)
 
 
-# What the panels read of the conversation's latest turn (the waterfall the most).
+# What the panels read of the conversation's latest turn (the waterfall the most), and of
+# the conversation what a turn changes: its title (set by the first message) and the
+# outside content it carries (grown when a turn ends). A socket holds its conversation
+# from before.
 LATEST_TURN_FIELDS = ("id", "conversation_id", "number", "status", "answer_draft", "started_at", "finished_at",
-                      "error")
+                      "error", "conversation__title", "conversation__outside", "conversation__outside_since")
 
 
 def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset(PANELS)) -> dict:
     """What the state panels show; with `panels`, only what those panels need."""
     context = {"conversation": conversation, "panels": panels, "oob": True}
-    latest = None
-    if panels & {"counters", "messages", "composer", "graph", "waterfall"}:
-        # One turn at a time is active, and it is the latest: one query serves both.
-        latest = (conversation.turns.order_by("-number")
-                  .only(*LATEST_TURN_FIELDS).first())
-        context["active_turn"] = latest if latest is not None and latest.status in ACTIVE_TURN_STATUSES else None
+    # One turn at a time is active, and it is the latest: one query serves every panel.
+    latest = conversation.turns.order_by("-number").select_related("conversation").only(*LATEST_TURN_FIELDS).first()
+    if latest is not None:
+        fresh = latest.conversation
+        conversation.title, conversation.outside, conversation.outside_since = (
+            fresh.title, fresh.outside, fresh.outside_since)
+        latest.conversation = conversation
+    context["active_turn"] = latest if latest is not None and latest.status in ACTIVE_TURN_STATUSES else None
     # The graph and the waterfall show the same agents and spend, the counters the
     # conversation's spend (with the agents', one query), the graph and the waterfall the
     # same events: each read once for all.
@@ -327,16 +332,15 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
               if latest and panels & {"graph", "waterfall"} else None)
     events = selectors.turn_events(latest) if latest and "waterfall" in panels else None
     if "counters" in panels:
-        if not conversation.title:  # set once, by the first request: the header shows it live
-            conversation.refresh_from_db(fields=["title"])
         context["usage"] = agents.conversation if agents else selectors.conversation_usage(conversation=conversation)
-    if "outside" in panels:  # a socket holds its conversation from before the turn ended
-        conversation.refresh_from_db(fields=["outside", "outside_since"])
     if "messages" in panels:
         context["messages_"] = selectors.visible_messages(conversation=conversation)
         context["suggestions"] = EXAMPLE_REQUESTS[:4]  # shown while the chat is empty
     if panels & {"pause", "composer"}:
-        context["pause"] = selectors.open_pause(conversation=conversation)
+        # A pause opens and closes with its turn's move to and from paused: only the
+        # latest turn, paused, can have one open.
+        paused = latest is not None and latest.status == TurnStatus.PAUSED
+        context["pause"] = selectors.open_pause(conversation=conversation) if paused else None
     if "graph" in panels:
         graph, graph_spend = selectors.agent_graph(turn=latest, agents=agents, events=events) if latest else ([], None)
         context.update(graph=graph, graph_spend=graph_spend, graph_turn=latest)

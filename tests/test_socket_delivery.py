@@ -16,10 +16,11 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.db import transaction
+from django.utils import timezone
 
 from assistant import live, watch
 from assistant.consumers import FORBIDDEN
-from orchestration.models import Event
+from orchestration.models import Conversation, Event, TurnPause
 from orchestration.records.events import MAX_CARRIED_CHARS, event_record
 from tests.factories import conversation_for, dispatch_for, turn_for
 from tests.sockets import EVENT_ID, communicator, nothing_but_busy_panels
@@ -214,6 +215,28 @@ def test_the_busy_panels_read_the_turns_agents_once(started, django_assert_num_q
         html = live.render_events(conversation, [], frozenset(live.BUSY_PANELS))
     assert all(f'data-agent="{agent_id}"' in html for agent_id in ("lead", "a", "b", "c"))  # the waterfall's rows
     assert html.count('class="node state-') == 4  # and the graph's nodes
+
+
+def test_the_chat_panels_read_the_conversation_with_its_latest_turn(started, django_assert_num_queries):
+    """A turn's start or end re-renders the chat's panels: the latest turn (with the
+    conversation's title and outside content: a socket holds its conversation from
+    before), the conversation's spend and the messages. The open pause is read only
+    while the turn is paused, which it is exactly while one is open."""
+    conversation, turn, _ = started
+    chat = frozenset(live.PANELS) - live.BUSY_PANELS.keys() | {"counters"}
+    Conversation.objects.filter(pk=conversation.pk).update(
+        title="Renamed", outside=["a web page"], outside_since=timezone.now())
+    with django_assert_num_queries(3):
+        html = live.render_panels(conversation, chat)
+    assert "Renamed" in html and "a web page" in html and 'id="pause-prompt"' in html
+    assert "Continue" not in html
+
+    turn.status = "paused"
+    turn.save(update_fields=["status"])
+    TurnPause.objects.create(turn=turn, limit="turn_max_llm_calls", detail={"used": 3})
+    with django_assert_num_queries(4):
+        html = live.render_panels(conversation, chat)
+    assert "Continue" in html
 
 
 def test_two_sockets_on_one_conversation_share_one_render(started, monkeypatch):
