@@ -44,7 +44,7 @@ def env_int(name: str, default: int, *, minimum: int = 0) -> int:
     return value
 
 
-def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+def env_float(name: str, default: float, *, minimum: float = 0.0, maximum: float | None = None) -> float:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
@@ -54,6 +54,8 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
         raise ImproperlyConfigured(f"{name}={raw!r} is not a number.") from None
     if value < minimum:
         raise ImproperlyConfigured(f"{name}={value} is below the minimum of {minimum}.")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}={value} is above the maximum of {maximum}.")
     return value
 
 

@@ -9,8 +9,11 @@ them is one more the event loop waits behind for every callback it runs. Under
 
 - `pooled`: pushes and the watch's probes, `ASSISTANT_PUSH_THREADS` threads (two: one
   renders while the other waits for the database).
-- `busy_lane`: the busy panels (assistant/consumers.py `owe_busy`), one thread: what
-  bounds their share of the process when it is saturated.
+- `busy_lane`: the busy panels (assistant/consumers.py `owe_busy`), one thread, paced to
+  use at most `ASSISTANT_PANEL_CPU_SHARE` of a core (`Paced`). A page's rows and chat do
+  not wait for them; with more busy pages than the share serves, each page's panels come
+  less often, what it owes meanwhile joined into one render. Unpaced, under `make load`
+  they were a third of daphne's CPU, which it took from the workers running the turns.
 - `handshake`: what a connecting socket reads before it can accept, on two threads of its
   own, so a new page's socket does not queue behind the pushes of every open one.
 
@@ -23,6 +26,7 @@ out, and a pool thread would keep it open after the test.
 from __future__ import annotations
 
 import functools
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import DatabaseSyncToAsync
@@ -35,7 +39,33 @@ HANDSHAKES = ThreadPoolExecutor(max_workers=2, thread_name_prefix="socket-handsh
 BUSY = ThreadPoolExecutor(max_workers=1, thread_name_prefix="socket-panels")
 
 
-def _on(pool: ThreadPoolExecutor):
+class Paced:
+    """A one-thread lane's pace: each call starts no sooner than its predecessor's CPU
+    time × (1 / share − 1) after that one ended, so the lane uses at most `share` of a
+    core (the setting named `share_setting`, read at each call). The CPU is the thread's
+    own: waiting for the GIL or the database costs no turn. Not thread-safe: one thread
+    calls it."""
+
+    def __init__(self, share_setting: str):
+        self.share_setting = share_setting
+        self.next_at = 0.0
+
+    def __call__(self, func):
+        @functools.wraps(func)
+        def paced(*args, **kwargs):
+            if (wait := self.next_at - time.monotonic()) > 0:
+                time.sleep(wait)
+            started = time.thread_time()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                cpu = time.thread_time() - started
+                self.next_at = time.monotonic() + cpu * (1 / getattr(settings, self.share_setting) - 1)
+
+        return paced
+
+
+def _on(pool: ThreadPoolExecutor, *, paced: Paced | None = None):
     def decorate(func):
         @functools.wraps(func)
         def closing(*args, **kwargs):
@@ -44,11 +74,11 @@ def _on(pool: ThreadPoolExecutor):
             finally:
                 close_old_connections()
 
-        return DatabaseSyncToAsync(closing, thread_sensitive=False, executor=pool)
+        return DatabaseSyncToAsync(paced(closing) if paced else closing, thread_sensitive=False, executor=pool)
 
     return decorate
 
 
 pooled = _on(PUSHES)
 handshake = _on(HANDSHAKES)
-busy_lane = _on(BUSY)
+busy_lane = _on(BUSY, paced=Paced("ASSISTANT_PANEL_CPU_SHARE"))

@@ -440,6 +440,9 @@ ASSISTANT_PUSH_INTERVAL_SECONDS = env_float("ASSISTANT_PUSH_INTERVAL_SECONDS", 0
 # The busy panels (counters, agent graph, waterfall) a socket sends at most once per this
 # interval while events keep coming (assistant/live.py BUSY_PANELS).
 ASSISTANT_PANEL_INTERVAL_SECONDS = env_float("ASSISTANT_PANEL_INTERVAL_SECONDS", 1.0, minimum=0.0)
+# The share of a core a web process spends on them at most (assistant/pooled.py `Paced`):
+# past it, each page's busy panels come less often; 1 is no limit.
+ASSISTANT_PANEL_CPU_SHARE = env_float("ASSISTANT_PANEL_CPU_SHARE", 0.1, minimum=0.01, maximum=1.0)
 # The threads a web process renders its sockets' pushes on (assistant/pooled.py): rendering
 # is Python, so more threads only take turns at the GIL and slow the event loop.
 ASSISTANT_PUSH_THREADS = env_int("ASSISTANT_PUSH_THREADS", 2, minimum=1)

@@ -13,7 +13,7 @@ import time
 import pytest
 from channels.db import database_sync_to_async
 
-from assistant import live
+from assistant import live, pooled
 from assistant.live import BUSY_PANELS, Cursor
 from orchestration.records.catalogue import AGENT_LLM_CALL, TURN_COMPLETED
 from orchestration.records.events import event_record
@@ -23,6 +23,39 @@ from tests.sockets import communicator, nothing_but_busy_panels
 pytestmark = pytest.mark.django_db(transaction=True)
 
 GRAPH = 'id="agent-graph"'
+
+
+def test_the_busy_lane_spends_at_most_its_share_of_a_core(settings, monkeypatch):
+    """Each render on the lane waits until its predecessor's CPU time is at most the
+    share of the time since that one began: a 10 ms render at a tenth of a core, then
+    the next no sooner than 90 ms after it ended. The thread's own CPU, not the wall
+    clock: waiting for the database or the GIL costs the lane no turn."""
+    settings.ASSISTANT_PANEL_CPU_SHARE = 0.1
+    clock = {"wall": 100.0, "cpu": 5.0}
+    slept = []
+
+    def sleep(seconds):
+        slept.append(round(seconds, 6))
+        clock["wall"] += seconds
+
+    monkeypatch.setattr(pooled.time, "monotonic", lambda: clock["wall"])
+    monkeypatch.setattr(pooled.time, "thread_time", lambda: clock["cpu"])
+    monkeypatch.setattr(pooled.time, "sleep", sleep)
+
+    def render(cpu, wall):
+        clock["cpu"] += cpu
+        clock["wall"] += wall
+        return "html"
+
+    lane = pooled.Paced("ASSISTANT_PANEL_CPU_SHARE")(render)
+    assert lane(0.010, 0.030) == "html" and slept == []  # the first at once
+    lane(0.002, 0.002)
+    assert slept == [0.09]  # 10 ms of CPU: 90 ms before the next
+    clock["wall"] += 1.0  # an idle lane: the next one at once
+    settings.ASSISTANT_PANEL_CPU_SHARE = 1.0  # no limit
+    lane(0.010, 0.010)
+    lane(0.010, 0.010)
+    assert slept == [0.09]
 
 
 def test_a_busy_panel_is_due_once_per_interval_and_owed_meanwhile(settings):
