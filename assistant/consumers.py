@@ -25,8 +25,10 @@ socket cheap and the handshakes fast:
   process, one render in flight per socket. The rows and the chat no longer wait behind
   them: under `make load` on a slow 2-core machine, an event's commit → socket went from
   0.5–0.95 s to 0.21–0.23 s at p50 (README, "The live page on a saturated daphne").
-  When daphne is saturated, the lane is what slows down: each page's panels come less
-  often, and what a socket owes meanwhile is joined into one render.
+  The lane spends at most ASSISTANT_PANEL_CPU_SHARE of a core (assistant/pooled.py):
+  with more busy pages than that serves, or daphne saturated, the lane is what slows
+  down: each page's panels come less often, and what a socket owes meanwhile is joined
+  into one render.
 
 A tab in the background is sent nothing (the page says when it hides and shows): what
 its messages carry is dropped, and the push when it shows reads the log from its cursor.
@@ -61,7 +63,7 @@ from assistant.live import (
     turn_running,
 )
 from assistant.pooled import busy_lane, handshake, pooled
-from assistant.watch import TOO_MANY, poll_interval, socket_join, socket_leave
+from assistant.watch import TOO_MANY, poll_interval, socket_join, socket_leave, socket_shown
 from orchestration.models import Conversation, Event
 from orchestration.records.events import group_name
 from orchestration.zones import user_time_zone
@@ -136,9 +138,12 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         if visible is None or not getattr(self, "joined", False) or self.hidden != visible:
             return  # not a visibility, a socket refused, or no change
         self.hidden = not visible
+        socket_shown(conversation_id=self.conversation.pk, wake=self.wake, visible=visible)
         if visible:
-            if self.must_read or self.inbox or self.draft_in is not None:
-                self.wanted.set()
+            # Whatever it missed, from the log: with no socket on the conversation in
+            # view, its watch read nothing meanwhile (and without Redis nothing else told).
+            self.must_read = True
+            self.wanted.set()
             if self.busy_owed:
                 self.owe_busy(frozenset(), newest=None)  # what it owes, as things are now
 

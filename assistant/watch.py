@@ -5,11 +5,12 @@ must read it often. Each socket used to poll it itself every 0.25 s: 600 idle so
 from one user held daphne at 80–90 % of a core. Now the first socket on a conversation
 starts one `Watch`; it reads the log every `ASSISTANT_SOCKET_POLL_SECONDS` with one light
 query (`live.Probe`) and, only when something changed, wakes every socket on the
-conversation; the last socket to leave stops it. Each socket then reads and sends from
-its own cursor (`live.Cursor`), so a socket replays from its own last event
-id on connect and reconnect and nothing is missed or sent twice (DESIGN.md §8). With
-Redis the group message brings the events to the sockets straight away and the same
-watch is the slow safety net — per conversation, not per socket.
+conversation; the last socket to leave stops it. While every socket on it is in a
+background tab, it reads nothing: a tab that shows reads what it missed. Each socket
+reads and sends from its own cursor (`live.Cursor`), so a socket replays from its own
+last event id on connect and reconnect and nothing is missed or sent twice (DESIGN.md
+§8). With Redis the group message brings the events to the sockets straight away and
+the same watch is the slow safety net — per conversation, not per socket.
 
 The same registry counts the sockets this process holds per user and per conversation,
 so one more than `ASSISTANT_SOCKETS_PER_USER` / `_PER_CONVERSATION` is refused (the
@@ -49,12 +50,16 @@ class Watch:
 
     conversation_id: int
     sockets: set[Callable[[], None]] = field(default_factory=set)
+    hidden: set[Callable[[], None]] = field(default_factory=set)  # those whose tab is in the background
     task: asyncio.Task | None = None
 
     async def run(self) -> None:
         probe = Probe(self.conversation_id)
         interval = poll_interval()
         while True:
+            if self.sockets <= self.hidden:  # nobody looking: each socket reads the log when its tab shows
+                await asyncio.sleep(interval)
+                continue
             try:
                 changed = await _probe_changed(probe)
             except Exception:  # e.g. the database restarting: wake everyone next time round
@@ -100,6 +105,14 @@ def socket_join(*, user_id: int, conversation_id: int, wake: Callable[[], None])
     return None
 
 
+def socket_shown(*, conversation_id: int, wake: Callable[[], None], visible: bool) -> None:
+    """The socket's tab came into view or went into the background: while every socket
+    on the conversation is hidden, its watch reads nothing."""
+    watch = registry().watches.get(conversation_id)
+    if watch is not None and wake in watch.sockets:
+        (watch.hidden.discard if visible else watch.hidden.add)(wake)
+
+
 def socket_leave(*, user_id: int, conversation_id: int, wake: Callable[[], None]) -> None:
     """Count the socket out; the last one out stops the conversation's watch."""
     reg = registry()
@@ -107,6 +120,7 @@ def socket_leave(*, user_id: int, conversation_id: int, wake: Callable[[], None]
     if watch is None or wake not in watch.sockets:
         return
     watch.sockets.discard(wake)
+    watch.hidden.discard(wake)
     reg.per_user[user_id] -= 1
     if reg.per_user[user_id] <= 0:
         del reg.per_user[user_id]

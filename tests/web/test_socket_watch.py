@@ -175,3 +175,33 @@ async def test_an_event_that_commits_late_reaches_every_socket_through_the_polle
         assert await nothing_but_busy_panels(comm, timeout=0.2)
     for comm in sockets:
         await comm.disconnect()
+
+
+async def test_a_conversation_with_every_tab_hidden_is_not_polled(alice, settings, monkeypatch):
+    """Nobody looks at a conversation whose every page is in a background tab: its
+    watch reads nothing until one shows, and that one reads what it missed from the log
+    (here an event with no group message, as from another process without Redis)."""
+    settings.ASSISTANT_SOCKET_POLL_SECONDS = 0.02
+    conversation, turn, _ = await database_sync_to_async(started)(alice)
+    probes = Counted(monkeypatch, live.Probe, "changed")
+    tabs = [communicator(conversation.pk, alice) for _ in range(2)]
+    await opened(tabs)
+
+    await tabs[0].send_to(text_data='{"visible": false}')
+    await probes.at_least(probes.calls + 5)  # one tab still in view: still read
+    await tabs[1].send_to(text_data='{"visible": false}')
+    await asyncio.sleep(0.1)
+    idle = probes.calls
+    missed = await database_sync_to_async(Event.objects.create)(
+        conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="while hidden")
+    await asyncio.sleep(0.4)  # twenty polls' time
+    assert probes.calls - idle <= 1  # (one in flight as the last tab hid, at most)
+    assert await tabs[0].receive_nothing(timeout=0.05)
+
+    await tabs[0].send_to(text_data='{"visible": true}')
+    assert EVENT_ID.findall(await next_rows(tabs[0], timeout=5)) == [str(missed.pk)]
+    await probes.at_least(idle + 5)  # a tab in view: read again
+    assert await tabs[1].receive_nothing(timeout=0.1)  # still hidden: sent nothing
+    for comm in tabs:
+        await comm.disconnect()
+    assert not watch.registry().watches
