@@ -139,8 +139,9 @@ def turn_agents(turn, *, conversation_usage: bool = False) -> TurnAgents:
     return TurnAgents(dispatches=dispatches, spend=turn_spend(turn, dispatches))
 
 
-def agent_graph(*, turn, agents: TurnAgents | None = None, events: list[Event] | None = None,
-                ) -> tuple[list[dict], TurnSpend]:
+def agent_graph(
+    *, turn, agents: TurnAgents | None = None, events: list[Event] | None = None
+) -> tuple[list[dict], TurnSpend]:
     """The turn's dispatches as a tree: each node with its state, its children and its
     spend with theirs (what delegating it cost); and the turn's spend. `agents`: as
     `turn_agents` read them, `events`: as `turn_events` did, if the caller has."""
