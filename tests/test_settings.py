@@ -10,7 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from assistant.databases import channel_layers_from_url, database_from_url
-from assistant.env import env_bool, env_int
+from assistant.env import env_bool, env_float, env_int
 
 
 def test_default_database_is_sqlite_under_var(tmp_path):
@@ -99,6 +99,11 @@ def test_env_helpers_fail_loudly(monkeypatch):
     monkeypatch.setenv("LIMIT_X", "-1")
     with pytest.raises(ImproperlyConfigured, match="minimum"):
         env_int("LIMIT_X", 3, minimum=1)
+    monkeypatch.setenv("SHARE", "2")  # e.g. ASSISTANT_PANEL_CPU_SHARE: a share of one core
+    with pytest.raises(ImproperlyConfigured, match="maximum of 1"):
+        env_float("SHARE", 0.1, maximum=1.0)
+    monkeypatch.setenv("SHARE", "0.5")
+    assert env_float("SHARE", 0.1, maximum=1.0) == 0.5
 
 
 # What the tests' own environment may set that would change the settings under test.
