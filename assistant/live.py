@@ -337,10 +337,7 @@ def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset
         context["messages_"] = selectors.visible_messages(conversation=conversation)
         context["suggestions"] = EXAMPLE_REQUESTS[:4]  # shown while the chat is empty
     if panels & {"pause", "composer"}:
-        # A pause opens and closes with its turn's move to and from paused: only the
-        # latest turn, paused, can have one open.
-        paused = latest is not None and latest.status == TurnStatus.PAUSED
-        context["pause"] = selectors.open_pause(conversation=conversation) if paused else None
+        context["pause"] = selectors.open_pause(turn=latest)
     if "graph" in panels:
         graph, graph_spend = selectors.agent_graph(turn=latest, agents=agents, events=events) if latest else ([], None)
         context.update(graph=graph, graph_spend=graph_spend, graph_turn=latest)

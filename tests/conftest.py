@@ -88,9 +88,11 @@ def postgres_sessions_ended(django_db_setup, django_db_blocker):
 
 @pytest.fixture(autouse=True)
 def panels_unpaced(settings):
-    """In-process sockets send every panel with its events (tests read a push whole);
-    the pace a real daphne keeps is tested in tests/web/test_panel_pace.py."""
+    """In-process sockets send every panel with its events (tests read a push whole),
+    and their lane waits for no CPU share; the pace a real daphne keeps is tested in
+    tests/web/test_panel_pace.py."""
     settings.ASSISTANT_PANEL_INTERVAL_SECONDS = 0
+    settings.ASSISTANT_PANEL_CPU_SHARE = 1.0
 
 
 @pytest.fixture(autouse=True)

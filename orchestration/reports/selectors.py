@@ -101,14 +101,15 @@ def active_turn(*, conversation: Conversation):
     return conversation.turns.filter(status__in=ACTIVE_TURN_STATUSES).first()
 
 
-def open_pause(*, conversation: Conversation):
-    from orchestration.models import TurnPause
+def open_pause(*, turn: Turn | None):
+    """The question `turn` waits on, if any. A pause opens and closes with its turn's
+    move to and from paused, so only a paused turn is read (and of a conversation, only
+    its latest turn can be)."""
+    from orchestration.models import TurnPause, TurnStatus
 
-    return (
-        TurnPause.objects.filter(turn__conversation=conversation, decision="")
-        .select_related("turn")
-        .first()
-    )
+    if turn is None or turn.status != TurnStatus.PAUSED:
+        return None
+    return TurnPause.objects.filter(turn=turn, decision="").select_related("turn").first()
 
 
 # What the agent graph and the waterfall show of a turn's agents: not their transcripts
