@@ -31,13 +31,17 @@ run: demo
 
 ## Install everything the tests need (Debian's chromium for the browser tests too: as
 ## root, e.g. in CI; otherwise those tests are skipped), then run the whole suite, in
-## TEST_PROCESSES processes (a test file stays in one; the live tests mostly wait).
-TEST_PROCESSES ?= 3
+## TEST_PROCESSES processes (a test file stays in one; the live tests mostly wait). Files
+## are handed out in the order they are collected: tests/browser and tests/live, whose
+## few tests each take seconds, first; the thousands of short ones fill in at the end.
+## (xdist's default hands out the files with most tests first, which left the longest
+## single tests to run last, alone.)
+TEST_PROCESSES ?= 4
 test: install
 	@test -x /usr/bin/chromium || if [ "$$(id -u)" = 0 ]; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "make test: /usr/bin/chromium is missing (install the chromium package as root); the browser tests will be skipped"; fi
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile -m "not serial" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder -m "not serial" $(PYTEST_ARGS)
 	@# Then the few tests that restart a server the others use, alone. A PYTEST_ARGS filter
 	@# may leave none of them (pytest's exit code 5): the run above already ran tests.
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS) || [ $$? -eq 5 ]
