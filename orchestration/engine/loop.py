@@ -235,11 +235,12 @@ async def _within_limits(work: Work, step: int, limiter: capacity.Limiter, provi
             grant = await limiter.acquire(endpoint, model, tokens=tokens, priority=priority, check=check)
         except capacity.Stopped as stopped:
             raise _Stopped(stopped.value) from None
-        if grant.waited >= WAIT_SHOWN_SECONDS:
-            await db_retrying(work.record_wait, step, grant.waited, model)
         headers: list[dict] = []
         try:
-            response = await provider.acomplete(**request, on_headers=headers.append)
+            async with grant.kept():
+                if grant.waited >= WAIT_SHOWN_SECONDS:
+                    await db_retrying(work.record_wait, step, grant.waited, model)
+                response = await provider.acomplete(**request, on_headers=headers.append)
         except LLMError as exc:
             await grant.settle(0)
             if exc.headers:

@@ -176,7 +176,9 @@ def test_a_worker_killed_holding_capacity_does_not_hold_it_past_its_reservation(
     cluster, worker = wait_for(
         lambda: next(((c, pid) for c in clusters if (pid := c.pid_of_connection(hanging["client"][1], server_port))),
                      None), timeout=5, what="the worker holding the slot")
-    assert llm.peak_admitted == 1, f"{llm.peak_admitted} requests in flight at once under a concurrency of 1"
+    overlapping = [(index, project, round(arrived - hanging["arrived"], 3)) for index, project, arrived in llm.at_peak]
+    assert llm.peak_admitted == 1, (f"{llm.peak_admitted} requests in flight at once under a concurrency of 1 "
+                                    f"(index, cluster, arrived after the hang in s): {overlapping}")
     os.kill(worker, signal.SIGKILL)
     killed = time.time()
     other = PROJECTS[1 - clusters.index(cluster)]

@@ -121,6 +121,17 @@ async def test_a_dead_holders_slot_expires(two):
     assert await take(b, T0 + 3.5, conf, concurrency=1, grant="live") == 0
 
 
+async def test_a_renewed_slot_outlasts_its_ttl_and_a_settled_one_is_not_renewed(two):
+    a, b = two
+    conf = Limits()
+    assert await take(a, T0, conf, concurrency=1, grant="long", ttl=3) == 0
+    await a.renew(ENDPOINT, grant_id="long", expires=T0 + 6)  # the call is still on the wire at T0 + 3
+    assert await take(b, T0 + 4, conf, concurrency=1, grant="next") > 0
+    await a.settle(ENDPOINT, MODEL, now=T0 + 5, conf=conf, reserved=0, actual=0, grant_id="long", concurrency=1)
+    await a.renew(ENDPOINT, grant_id="long", expires=T0 + 9)  # a renewal that lost the race to the settle
+    assert await take(b, T0 + 5, conf, concurrency=1, grant="next") == 0
+
+
 async def test_a_settled_call_frees_its_slot(two):
     a, b = two
     conf = Limits()
@@ -241,6 +252,29 @@ async def test_stop_while_waiting_ends_the_wait():
         await limiter.acquire(ENDPOINT_OF, MODEL, tokens=0, priority=Priority(orchestrator=False), check=check)
     assert caught.value.value == "stopped"
     assert time.monotonic() - started < 2
+
+
+async def test_a_call_that_outlasts_its_slots_ttl_keeps_the_slot_while_it_runs():
+    """A stream's timeout is per chunk: a call can run past the slot's time-to-live, and
+    the only slot must stay its own until it ends (a lapsed slot let a second call out
+    beside it). Once it ends, the next call goes."""
+    store = MemoryStore()
+    first, second = (Limiter(store, concurrency=1, grant_ttl=0.3) for _ in range(2))
+    grant = await first.acquire(ENDPOINT_OF, MODEL, tokens=0, priority=Priority(orchestrator=False))
+    ended = []
+
+    async def long_call():
+        async with grant.kept():
+            await asyncio.sleep(1.0)  # three times the ttl
+        ended.append(time.monotonic())
+        await grant.settle(0)
+
+    call = asyncio.create_task(long_call())
+    other = await second.acquire(ENDPOINT_OF, MODEL, tokens=0, priority=Priority(orchestrator=False))
+    admitted = time.monotonic()
+    await call
+    assert ended and admitted >= ended[0], "a second call was admitted while the first was still running"
+    await other.settle(0)
 
 
 async def test_a_store_that_is_down_lets_calls_through():

@@ -12,7 +12,7 @@ import pytest
 from orchestration.llm.openai_provider import _Client
 from orchestration.models import AgentDispatch, Event
 from orchestration.reports.waterfall import turn_waterfall
-from tests.support.llm_server import Agent, Plan, agent_of, with_burst
+from tests.support.llm_server import Agent, Plan, agent_of, text, with_burst
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,3 +119,48 @@ def test_stop_while_the_orchestrator_waits_for_the_provider(llm, run_turn, no_re
     turn.refresh_from_db()
     assert turn.status == "stopped"
     assert llm.requests == []
+
+
+def test_a_streamed_answer_that_outlasts_its_slots_ttl_keeps_the_only_slot(llm, run_turn, settings):
+    """With one call at a time, a slot lapses a moment after the call's timeout (3 s here),
+    for a process that died holding it; but a stream's timeout is per chunk, and this
+    answer streams for 4 s. Another process asking for the slot 3.5 s into the stream
+    gets it only once the stream has ended (a lapsed slot let it out beside the stream)."""
+    import asyncio
+    import threading
+    import time
+
+    from django.db import connection
+
+    from orchestration.delivery import runner
+    from orchestration.llm import capacity
+    from orchestration.llm.capacity.limiter import Limiter, Priority
+
+    settings.ASSISTANT_PROVIDER_CONCURRENCY = 1
+    settings.ASSISTANT_LLM_TIMEOUT_SECONDS = 1
+    settings.ASSISTANT_LLM_MAX_RETRIES = 0  # the slot's time-to-live: 1 s and 2 s more
+    llm.respond, llm.chunk_interval = lambda request: text("word" * 80), 0.05  # 80 chunks: 4 s
+    other = Limiter(capacity.store_for_deployment(runner.db), concurrency=1, grant_ttl=3)
+    admitted: list[float] = []
+
+    def another_process():
+        try:
+            deadline = time.monotonic() + 10
+            while not any(request.get("stream") for request in llm.requests) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(3.5)
+            grant = asyncio.run(other.acquire(capacity.Endpoint.of(llm.url, "test-key"), "gpt-4o-mini", tokens=0,
+                                              priority=Priority(orchestrator=False)))
+            admitted.append(time.time())
+            asyncio.run(grant.settle(0))
+        finally:
+            connection.close()
+
+    asker = threading.Thread(target=another_process)
+    asker.start()
+    turn = run_turn()
+    asker.join()
+    assert turn.status == "completed", turn.error
+    (stream,) = [answer for answer in llm.answers if llm.requests[answer.index].get("stream")]
+    assert stream.answered - stream.arrived > 3.5
+    assert admitted and admitted[0] >= stream.answered - 0.05, "another call was admitted beside the stream"

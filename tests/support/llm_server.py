@@ -249,6 +249,10 @@ class ScriptedLLM:
         self.max_in_flight = max_in_flight
         self.admitted = 0
         self.peak_admitted = 0  # the most at once (a test may set it back to 0)
+        # index → (project, arrived) of the admitted requests; `at_peak`, a copy taken when
+        # the peak was last reached: which requests overlapped, for a failure's message.
+        self._open: dict[int, tuple[str, float]] = {}
+        self.at_peak: list[tuple[int, str, float]] = []
         self._lock = threading.Lock()
         self._buckets: dict[str, dict[str, _Bucket]] = {}
         self.rate_limit = rate_limit
@@ -313,6 +317,11 @@ class ScriptedLLM:
         self.admitted += 1
         self.peak_admitted = max(self.peak_admitted, self.admitted)
 
+    def _opened(self, index: int, project: str, arrived: float) -> None:
+        self._open[index] = (project, arrived)
+        if len(self._open) >= self.peak_admitted:
+            self.at_peak = sorted((i, p, a) for i, (p, a) in self._open.items())
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
@@ -347,6 +356,8 @@ class ScriptedLLM:
                     index = len(scripted.requests)
                     scripted.requests.append(request)
                     refused, refusal, limit_headers, tokens = scripted._admit(request, key)
+                    if refusal is None:
+                        scripted._opened(index, project, arrived)
 
                 def answered(status: int, refused: str = "") -> None:
                     with scripted._lock:
@@ -364,6 +375,7 @@ class ScriptedLLM:
                         if not released:
                             released.append(True)
                             scripted.admitted -= 1
+                            scripted._open.pop(index, None)
 
                 if refusal is not None:  # refused before the model runs (never admitted), at once
                     self._release = lambda: None

@@ -121,6 +121,13 @@ def settle(state: dict, now: float, *, conf: Limits, reserved: int, actual: int)
         state["t"] = min(cap_t, state["t"] + reserved - actual)
 
 
+def renew(inflight: dict, grant_id: str, expires: float) -> None:
+    """A call still on the wire keeps its slot until `expires`; a settled (or lapsed)
+    one is not brought back."""
+    if grant_id in inflight:
+        inflight[grant_id] = expires
+
+
 def hold(state: dict, until: float) -> None:
     state["held"] = max(_f(state, "held"), until)
 

@@ -39,6 +39,7 @@ import uuid
 import weakref
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from orchestration.llm.capacity.headers import observed
@@ -93,6 +94,24 @@ class Grant:
     conf: Limits
     waited: float = 0.0
     settled: bool = False
+    expires: float = 0.0  # when its slot lapses (epoch seconds), unless kept
+
+    @asynccontextmanager
+    async def kept(self):
+        """The call's slot is kept while it runs: past a third of its time-to-live, and every
+        third after, it is renewed. The time-to-live bounds how long a dead process holds a
+        slot; a live call may outlast it (a stream's timeout is per chunk, and a wait for a
+        database thread comes before the request), and its slot must not lapse under it, or
+        a second call goes out beside it under a concurrency of one."""
+        limiter = self.limiter
+        if limiter is None or not limiter.concurrency:
+            yield
+            return
+        keeper = asyncio.create_task(limiter._keep(self))
+        try:
+            yield
+        finally:
+            keeper.cancel()
 
     async def settle(self, actual_tokens: int) -> None:
         """The call is over; it used `actual_tokens` (0: it was refused, or made no call)."""
@@ -204,15 +223,26 @@ class Limiter:
 
     async def _try(self, grant: Grant, priority: Priority) -> float:
         now = self.clock()
+        grant.expires = now + self.grant_ttl
         try:
             return await self.store.acquire(str(grant.endpoint), grant.model, now=now, tokens=grant.tokens,
                                             conf=grant.conf, urgent=priority.orchestrator,
                                             concurrency=self.concurrency, grant_id=grant.grant_id,
-                                            expires=now + self.grant_ttl)
+                                            expires=grant.expires)
         except Exception as exc:  # the store is down: go ahead rather than stop every call
             logger.warning("Provider limiter: the store is unavailable (%s); the call goes ahead unlimited", exc)
             grant.limiter = None
             return 0.0
+
+    async def _keep(self, grant: Grant) -> None:
+        every = self.grant_ttl / 3
+        while True:
+            await asyncio.sleep(every)
+            grant.expires = self.clock() + self.grant_ttl
+            try:
+                await self.store.renew(str(grant.endpoint), grant_id=grant.grant_id, expires=grant.expires)
+            except Exception as exc:
+                logger.warning("Provider limiter: could not renew a call's slot (%s)", exc)
 
     async def _settle(self, grant: Grant, actual: int) -> None:
         try:

@@ -58,6 +58,10 @@ class _DictStore:
         buckets.settle(states[key], now, conf=conf, reserved=reserved, actual=actual)
         states[endpoint_key(endpoint)].get("inflight", {}).pop(grant_id, None)
 
+    @staticmethod
+    def _renew(states: dict, endpoint: str, *, grant_id: str, expires: float) -> None:
+        buckets.renew(states[endpoint_key(endpoint)].get("inflight", {}), grant_id, expires)
+
 
 class MemoryStore(_DictStore):
     """One process's accounting (the embedded default)."""
@@ -78,6 +82,10 @@ class MemoryStore(_DictStore):
         key = model_key(endpoint, model)
         with self._lock:
             self._settle(self._all(key, endpoint_key(endpoint)), key, endpoint, **kw)
+
+    async def renew(self, endpoint: str, *, grant_id: str, expires: float) -> None:
+        with self._lock:
+            self._renew(self._all(endpoint_key(endpoint)), endpoint, grant_id=grant_id, expires=expires)
 
     async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
         key = model_key(endpoint, model)
@@ -199,6 +207,12 @@ class DatabaseStore(_TrustsUnmetered, _DictStore):
             self._settle(states, key, endpoint, **kw)
 
         await self.offload(self._in_transaction, give, *keys)
+
+    async def renew(self, endpoint: str, *, grant_id: str, expires: float) -> None:
+        def keep(states):
+            self._renew(states, endpoint, grant_id=grant_id, expires=expires)
+
+        await self.offload(self._in_transaction, keep, endpoint_key(endpoint))
 
     async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
         key = model_key(endpoint, model)
@@ -327,8 +341,11 @@ class RedisStore(_TrustsUnmetered):
         finally:
             await client.aclose()
 
+    def _inflight_key(self, endpoint: str) -> str:
+        return self.prefix + endpoint_key(endpoint) + "inflight"
+
     async def _run(self, endpoint: str, model: str, op: str, now: float, conf: Limits, *args) -> str:
-        keys = [self.prefix + model_key(endpoint, model), self.prefix + endpoint_key(endpoint) + "inflight"]
+        keys = [self.prefix + model_key(endpoint, model), self._inflight_key(endpoint)]
         argv = [op, repr(now), conf.rpm or 0, conf.tpm or 0, repr(conf.burst_seconds), *args]
         async with self._client() as client:
             result = await client.register_script(_SCRIPT)(keys=keys, args=argv)
@@ -352,6 +369,10 @@ class RedisStore(_TrustsUnmetered):
         if self._settled_unmetered(grant_id):
             return
         await self._run(endpoint, model, "settle", now, conf, reserved, actual, grant_id)
+
+    async def renew(self, endpoint: str, *, grant_id: str, expires: float) -> None:
+        async with self._client() as client:  # XX: a settled grant is not added back
+            await client.zadd(self._inflight_key(endpoint), {grant_id: expires}, xx=True)
 
     async def hold(self, endpoint: str, model: str, *, now: float, conf: Limits, until: float) -> None:
         self._changed(model_key(endpoint, model))
