@@ -11,15 +11,29 @@ cluster freezes, though its processes look alive (django-q2 issue #23).
 `guarded_get` waits for a task without the lock — polling the queue's pipe is safe from
 any number of processes — and takes the lock only to read the one message that arrived,
 which takes microseconds. A worker killed while waiting then holds nothing.
+
+A worker whose runner has work in flight lets an idle one take a message first
+(BUSY_YIELD_SECONDS): a wave of agents queued to spread over the cluster's processes
+(queue.py `share_here`) would otherwise often go back to the busy process that queued
+it, and the GIL it meant to leave.
 """
 
 from __future__ import annotations
 
+import time
 from multiprocessing.reduction import ForkingPickler
 
 from django_q.queues import Queue
 
+from orchestration.delivery import runner
+
 _LOCK_WAIT_SECONDS = 1.0  # then poll again: another worker may have taken the message
+BUSY_YIELD_SECONDS = 0.002
+
+
+def _busy() -> bool:
+    here = runner.current()
+    return here is not None and here.in_flight > 0
 
 
 def guarded_get(self: Queue, block: bool = True, timeout: float | None = None):
@@ -30,6 +44,8 @@ def guarded_get(self: Queue, block: bool = True, timeout: float | None = None):
         raise ValueError(f"Queue {self!r} is closed")
     while True:
         self._reader.poll(None)  # wait, holding no lock
+        if _busy():
+            time.sleep(BUSY_YIELD_SECONDS)
         if not self._rlock.acquire(True, _LOCK_WAIT_SECONDS):
             continue
         try:

@@ -22,7 +22,7 @@ from tests.factories import conversation_for
 from tests.live.conftest import wait_for
 from tests.live.test_faults import assert_settled, wait_turn_reaping
 from tests.live.test_qcluster import SEARCH, turn_done
-from tests.support.llm_server import Agent, Plan, Reply
+from tests.support.llm_server import Agent, Plan, Reply, agent_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -186,5 +186,39 @@ def test_two_qclusters_share_one_turns_agents(llm, qcluster, alice):
     assert all(len(owners) == 1 for owners in ran_by.values()), ran_by  # no agent on both
     assert len(set().union(*ran_by.values())) == 2, ran_by  # both clusters took some
     assert SkillExecution.objects.filter(dispatch__turn=turn).count() == 6
+    assert {d.crashes for d in AgentDispatch.objects.filter(turn=turn)} == {0}
+    assert llm.errors == []
+
+
+def test_a_wave_of_agents_spreads_over_the_clusters_worker_processes(llm, qcluster, alice, settings):
+    """Twelve agents dispatched at once, on a cluster of two worker processes. On
+    PostgreSQL the runner that dispatched them begins its half and queues the rest, which
+    the other, idle process takes: the agents' steps run on both cores. On SQLite the
+    queue is polled, not woken: all begin at once on the dispatching runner."""
+    ran_on: dict[str, set[int]] = {}
+    lock = threading.Lock()
+    plan = Plan([Agent(f"w{i}", ["tasks.search"], [SEARCH]) for i in range(12)], answer="Spread.", discover=False)
+    cluster = None
+
+    def respond(request: dict) -> Reply:
+        if "use_skill" in {t["function"]["name"] for t in request.get("tools", [])}:
+            pid = cluster.pid_of_connection(llm.client[1], port)
+            with lock:
+                ran_on.setdefault(agent_of(request), set()).add(pid)
+        return plan(request)
+
+    port = int(llm.url.rsplit(":", 1)[1].split("/")[0])
+    llm.respond, llm.latency = respond, 0.2
+    settings.ASSISTANT_LIMITS = {**settings.ASSISTANT_LIMITS, "turn_max_agents": 12}
+    cluster = qcluster(workers=2, env={"LIMIT_TURN_MAX_AGENTS": "12"})
+    turn = turn_start(conversation=conversation_for(alice), text="Twelve agents at once")
+    wait_turn_reaping(turn, cluster, timeout=60)
+
+    assert_settled(turn)
+    assert turn.status == "completed", turn.error
+    assert sorted(ran_on) == sorted(f"w{i}" for i in range(12))
+    assert all(len(pids) == 1 and None not in pids for pids in ran_on.values()), ran_on  # each on one process
+    processes = set().union(*ran_on.values())
+    assert len(processes) == (2 if connection.vendor == "postgresql" else 1), ran_on
     assert {d.crashes for d in AgentDispatch.objects.filter(turn=turn)} == {0}
     assert llm.errors == []

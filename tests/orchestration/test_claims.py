@@ -15,6 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from orchestration.delivery import queue
 from orchestration.engine import loop
 from orchestration.engine.agent import Agent
 from orchestration.lifecycle import dispatches as lifecycle
@@ -126,6 +127,21 @@ def test_deliveries_begun_in_one_turn_of_the_loop_share_one_claim(monkeypatch):
     together, later = asyncio.run(begin())
     assert together == ["work 1", None, "work 3"] and later == "work 4"
     assert batches == [[1, 2, 3], [4]]
+
+
+@pytest.mark.parametrize("workers, woken, in_flight, ready, here", [
+    (2, True, 1, 8, 4),  # a dispatch answer's eight agents: half here, half to the other process
+    (3, True, 1, 8, 3),
+    (2, True, 1, 1, 1),  # one dependent, or the orchestrator woken: here, without the queue
+    (2, True, 8, 8, 8),  # a runner as busy as the wave: the other processes are busy too
+    (1, True, 1, 8, 8),  # no other process
+    (2, False, 1, 8, 8),  # a polled queue (SQLite): a queued agent would wait for the poll
+])
+def test_a_wave_larger_than_its_runners_work_is_shared_with_the_other_processes(
+        monkeypatch, settings, workers, woken, in_flight, ready, here):
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "workers": workers}
+    monkeypatch.setattr(queue.broker, "wakes_on_enqueue", lambda: woken)
+    assert queue.share_here(in_flight, ready) == here
 
 
 def test_the_results_of_several_agents_are_merged_in_three_statements(ready):
