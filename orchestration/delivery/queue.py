@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django_q.conf import Conf
 from django_q.tasks import async_task
 
 from orchestration.delivery import broker, runner
@@ -77,8 +78,9 @@ def share_here(in_flight: int, ready: int) -> int:
     process runs its agents' steps one after another under its GIL while the others'
     cores idle (`wide`'s eight agents: a step waited 40 ms at p50, 15 ms spread over two
     processes). A runner already busy keeps its own: the other processes are busy too,
-    and queueing would only add its statements."""
+    and queueing would only add its statements. Tasks run inline (django-q2's sync) have
+    no other process to go to."""
     workers = settings.Q_CLUSTER["workers"]
-    if ready < 2 or workers < 2 or in_flight >= ready or not broker.wakes_on_enqueue():
+    if ready < 2 or workers < 2 or Conf.SYNC or in_flight >= ready or not broker.wakes_on_enqueue():
         return ready
     return math.ceil(ready / workers)

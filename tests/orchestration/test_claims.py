@@ -141,7 +141,10 @@ def test_a_wave_larger_than_its_runners_work_is_shared_with_the_other_processes(
         monkeypatch, settings, workers, woken, in_flight, ready, here):
     settings.Q_CLUSTER = {**settings.Q_CLUSTER, "workers": workers}
     monkeypatch.setattr(queue.broker, "wakes_on_enqueue", lambda: woken)
+    monkeypatch.setattr(queue.Conf, "SYNC", False)
     assert queue.share_here(in_flight, ready) == here
+    monkeypatch.setattr(queue.Conf, "SYNC", True)  # tasks run inline: no other process
+    assert queue.share_here(in_flight, ready) == ready
 
 
 def test_the_results_of_several_agents_are_merged_in_three_statements(ready):
