@@ -29,6 +29,8 @@ from orchestration.models import AgentDispatch, Turn
 ORCHESTRATOR, AGENT = "orchestrator", "agent"
 TASKS = {ORCHESTRATOR: "orchestration.worker.tasks.orchestrator_step",
          AGENT: "orchestration.worker.tasks.subagent_run"}
+# One task for a shared wave's part: (kind, ids), begun together where it is taken.
+PART_TASK = "orchestration.worker.tasks.part_run"
 # kind → the coroutine that runs one delivery (worker/tasks.py registers them)
 JOBS: dict[str, Callable[[int], Awaitable[None]]] = {}
 
@@ -58,14 +60,16 @@ def deliver(kind: str, item_id: int) -> None:
 def deliver_all(kind: str, item_ids: list[int]) -> None:
     """`deliver` for work that became ready together: its share begun together on this
     runner, as far as it has room (their claims then share a transaction), the rest
-    queued."""
+    queued: each of the other shares as one task, begun together where it is taken."""
     here = runner.current()
     job = JOBS.get(kind)
     if here is None or job is None:
         queued = item_ids
     else:
         share = share_here(here.in_flight, len(item_ids))
-        queued = here.start_all(job, item_ids[:share]) + item_ids[share:]
+        queued = here.start_all(job, item_ids[:share])
+        for start in range(share, len(item_ids), share):  # a part for each other worker
+            async_task(PART_TASK, kind, item_ids[start:start + share])
     for item_id in queued:
         async_task(TASKS[kind], item_id)
 

@@ -55,3 +55,11 @@ def orchestrator_step(turn_id: int) -> None:
 
 def subagent_run(dispatch_id: int) -> None:
     _run(AGENT, dispatch_id)
+
+
+def part_run(kind: str, item_ids: list[int]) -> None:
+    """A shared wave's part (queue.py `deliver_all`): begun together on this runner, as
+    far as it has room (one claim); the rest as their own tasks would."""
+    here = runner.current()
+    for item_id in item_ids if here is None else here.start_all(JOBS[kind], item_ids):
+        _run(kind, item_id)

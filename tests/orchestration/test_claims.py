@@ -147,6 +147,32 @@ def test_a_wave_larger_than_its_runners_work_is_shared_with_the_other_processes(
     assert queue.share_here(in_flight, ready) == ready
 
 
+@pytest.mark.parametrize("workers, here, parts", [
+    (2, [1, 2, 3, 4], [[5, 6, 7, 8]]),
+    (3, [1, 2, 3], [[4, 5, 6], [7, 8]]),
+])
+def test_a_shared_waves_other_shares_are_queued_as_one_task_each(monkeypatch, settings, workers, here, parts):
+    """Each part is begun together where it is taken (one claim), as the share here is."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "workers": workers}
+    monkeypatch.setattr(queue.broker, "wakes_on_enqueue", lambda: True)
+    monkeypatch.setattr(queue.Conf, "SYNC", False)
+    begun, queued = [], []
+
+    class Runner:
+        in_flight = 1  # the orchestrator's step that dispatched them
+
+        def start_all(self, job, ids):
+            begun.append(list(ids))
+            return []
+
+    monkeypatch.setattr(queue.runner, "current", Runner)
+    monkeypatch.setitem(queue.JOBS, queue.AGENT, object())
+    monkeypatch.setattr(queue, "async_task", lambda *args: queued.append(args))
+    queue.deliver_all(queue.AGENT, [1, 2, 3, 4, 5, 6, 7, 8])
+    assert begun == [here]
+    assert queued == [(queue.PART_TASK, queue.AGENT, part) for part in parts]
+
+
 def test_the_results_of_several_agents_are_merged_in_three_statements(ready):
     turn, (done, broke, other_done, _) = ready
     AgentDispatch.objects.filter(pk__in=[done.pk, other_done.pk]).update(state=DispatchState.WAITING_FOR_MERGE)
