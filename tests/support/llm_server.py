@@ -247,11 +247,10 @@ class ScriptedLLM:
         # Requests admitted and not yet fully answered (a stream until its last chunk):
         # what `max_in_flight` caps, as a self-hosted server caps the requests it serves.
         self.max_in_flight = max_in_flight
-        self.admitted = 0
+        self._admitted: dict[int, tuple[str, float]] = {}  # index → (project, arrived)
         self.peak_admitted = 0  # the most at once (a test may set it back to 0)
-        # index → (project, arrived) of the admitted requests; `at_peak`, a copy taken when
-        # the peak was last reached: which requests overlapped, for a failure's message.
-        self._open: dict[int, tuple[str, float]] = {}
+        # (index, project, arrived) of the requests admitted when the peak was last
+        # reached: which requests overlapped, for a failure's message.
         self.at_peak: list[tuple[int, str, float]] = []
         self._lock = threading.Lock()
         self._buckets: dict[str, dict[str, _Bucket]] = {}
@@ -281,14 +280,14 @@ class ScriptedLLM:
 
     def _admit(self, request: dict, key: str) -> tuple[str, Reply | None, dict[str, str], int]:
         """Under the lock: (why it is refused or "", the 429 if it is, the x-ratelimit-*
-        headers, the tokens charged). An admitted request is in flight until answered."""
+        headers, the tokens charged). The caller counts one admitted (`_count_admitted`)
+        until it is answered."""
         headers: dict[str, str] = {}
         if self.max_in_flight is not None and self.admitted >= self.max_in_flight:
             return "concurrency", rate_limited(f"Too many requests in flight: limit {self.max_in_flight}.",
                                                "requests", 1.0, code="concurrency_limit_exceeded"), headers, 0
         limit = self._rate_limit
         if limit is None:
-            self._count_admitted()
             return "", None, headers, 0
         now = time.time()
         buckets = self._buckets.get(key)
@@ -310,17 +309,19 @@ class ScriptedLLM:
         for name, bucket in buckets.items():
             bucket.level -= cost[name]
             headers.update(bucket.headers(name))
-        self._count_admitted()
         return "", None, headers, cost["tokens"] if "tokens" in buckets else 0
 
-    def _count_admitted(self) -> None:
-        self.admitted += 1
-        self.peak_admitted = max(self.peak_admitted, self.admitted)
+    @property
+    def admitted(self) -> int:
+        """Requests admitted and not yet fully answered."""
+        return len(self._admitted)
 
-    def _opened(self, index: int, project: str, arrived: float) -> None:
-        self._open[index] = (project, arrived)
-        if len(self._open) >= self.peak_admitted:
-            self.at_peak = sorted((i, p, a) for i, (p, a) in self._open.items())
+    def _count_admitted(self, index: int, project: str, arrived: float) -> None:
+        """Under the lock, as `_admit` let the request in."""
+        self._admitted[index] = (project, arrived)
+        if len(self._admitted) >= self.peak_admitted:
+            self.peak_admitted = len(self._admitted)
+            self.at_peak = sorted((i, p, a) for i, (p, a) in self._admitted.items())
 
     @property
     def url(self) -> str:
@@ -357,7 +358,7 @@ class ScriptedLLM:
                     scripted.requests.append(request)
                     refused, refusal, limit_headers, tokens = scripted._admit(request, key)
                     if refusal is None:
-                        scripted._opened(index, project, arrived)
+                        scripted._count_admitted(index, project, arrived)
 
                 def answered(status: int, refused: str = "") -> None:
                     with scripted._lock:
@@ -374,8 +375,7 @@ class ScriptedLLM:
                     with scripted._lock:
                         if not released:
                             released.append(True)
-                            scripted.admitted -= 1
-                            scripted._open.pop(index, None)
+                            scripted._admitted.pop(index, None)
 
                 if refusal is not None:  # refused before the model runs (never admitted), at once
                     self._release = lambda: None
