@@ -94,7 +94,6 @@ class Grant:
     conf: Limits
     waited: float = 0.0
     settled: bool = False
-    expires: float = 0.0  # when its slot lapses (epoch seconds), unless kept
 
     @asynccontextmanager
     async def kept(self):
@@ -223,12 +222,11 @@ class Limiter:
 
     async def _try(self, grant: Grant, priority: Priority) -> float:
         now = self.clock()
-        grant.expires = now + self.grant_ttl
         try:
             return await self.store.acquire(str(grant.endpoint), grant.model, now=now, tokens=grant.tokens,
                                             conf=grant.conf, urgent=priority.orchestrator,
                                             concurrency=self.concurrency, grant_id=grant.grant_id,
-                                            expires=grant.expires)
+                                            expires=now + self.grant_ttl)
         except Exception as exc:  # the store is down: go ahead rather than stop every call
             logger.warning("Provider limiter: the store is unavailable (%s); the call goes ahead unlimited", exc)
             grant.limiter = None
@@ -238,9 +236,9 @@ class Limiter:
         every = self.grant_ttl / 3
         while True:
             await asyncio.sleep(every)
-            grant.expires = self.clock() + self.grant_ttl
             try:
-                await self.store.renew(str(grant.endpoint), grant_id=grant.grant_id, expires=grant.expires)
+                await self.store.renew(str(grant.endpoint), grant_id=grant.grant_id,
+                                       expires=self.clock() + self.grant_ttl)
             except Exception as exc:
                 logger.warning("Provider limiter: could not renew a call's slot (%s)", exc)
 
