@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from django.conf import settings
@@ -29,10 +30,28 @@ os.environ["EGRESS_ASK_NEW_RECIPIENTS"] = "0"
 APPROVALS_ON_ENV = {"ASSISTANT_SKILL_POLICIES": json.dumps(settings.SKILLS_DEFAULT_POLICIES),
                     "EGRESS_ASK_NEW_RECIPIENTS": "1"}
 
+REDIS_DATABASES = 16  # Redis's default `databases`
+
+
+def own_redis_database(url: str, worker: str) -> str:
+    """`url` on a database of xdist worker `worker` ("gw0", …) alone, 1 to 15 (the run's
+    own, 0 or as given, stays the serial pass's). A test that flushes Redis
+    (tests/live/test_faults.py) then empties only its own process's database: on a shared
+    one it emptied the limiter's slots of a test running beside it, and two calls went
+    out under a concurrency of one."""
+    number = 1 + int(worker.removeprefix("gw")) % (REDIS_DATABASES - 1)
+    return urlunsplit(urlsplit(url)._replace(path=f"/{number}"))
+
+
 # Each test process its own names in the shared Redis, and so the servers it starts: the
-# processes running beside it number their conversations as it does.
+# processes running beside it number their conversations as it does. Pub/sub channels
+# (the channel layer's) are not in a database: the prefix keeps them apart.
 if settings.REDIS_URL:
     os.environ["CHANNELS_PREFIX"] = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"test-{os.getpid()}"
+    if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["REDIS_URL"] = settings.REDIS_URL = own_redis_database(settings.REDIS_URL, worker)
+        for host in settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"]:
+            host["address"] = settings.REDIS_URL
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -11,6 +11,7 @@ from django.db import connection
 
 from assistant.databases import channel_layers_from_url, database_from_url
 from assistant.env import env_bool, env_float, env_int
+from tests.conftest import own_redis_database
 
 
 def test_default_database_is_sqlite_under_var(tmp_path):
@@ -83,6 +84,14 @@ def test_a_channels_prefix_channels_cannot_name_is_refused_at_start_up(chosen):
 
     with pytest.raises(ImproperlyConfigured, match="CHANNELS_PREFIX must be 1 to 60 ASCII letters"):
         channel_prefix({"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}, chosen=chosen)
+
+
+def test_each_test_process_has_its_own_redis_database():
+    """A test that flushes Redis flushes its own process's database alone (tests/conftest.py)."""
+    numbers = [own_redis_database("redis://127.0.0.1:6379/0", f"gw{i}") for i in range(3)]
+    assert numbers == ["redis://127.0.0.1:6379/1", "redis://127.0.0.1:6379/2", "redis://127.0.0.1:6379/3"]
+    assert own_redis_database("redis://:pw@cache:6380", "gw14") == "redis://:pw@cache:6380/15"
+    assert own_redis_database("redis://cache/0", "gw15") == "redis://cache/1"
 
 
 def test_no_redis_url_selects_in_memory_layer():
