@@ -39,7 +39,13 @@ from orchestration.budgets.spending import (
 from orchestration.delivery import runner
 from orchestration.delivery.leases import VERIFIED_SECONDS, LeaseLost, lease_until, new_token
 from orchestration.engine import steps
-from orchestration.engine.delegation import can_delegate, dispatch_batch, dispatch_result_json, profiles_by_name
+from orchestration.engine.delegation import (
+    can_delegate,
+    dispatch_batch,
+    dispatch_result_json,
+    profiles_by_name,
+    skill_domains,
+)
 from orchestration.engine.prompts import agent_system_prompt, agent_task_message, user_local_time
 from orchestration.engine.steps import Next
 from orchestration.engine.toolcalls import error_json, load_json, parse_arguments
@@ -555,11 +561,12 @@ class Agent:
         if not fresh:
             return answers
         task_prompt = (dispatch.contract or {}).get("parent", {}).get("task_prompt") or dispatch.mission
+        domains = skill_domains(fresh, self.user)
         with transaction.atomic():
             turn = lifecycle.lock_turn(dispatch.turn_id)
             self._hold()
-            planned = dispatch_batch(turn=turn, calls=fresh, task_prompt=task_prompt, parent=dispatch, step_idx=step,
-                                     outside=outside)
+            planned = dispatch_batch(turn=turn, calls=fresh, task_prompt=task_prompt, domains=domains, parent=dispatch,
+                                     step_idx=step, outside=outside)
             for item in planned:
                 answers[item.call.id] = (error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
                                          else dispatch_result_json(item.spec["agent_id"]))

@@ -10,9 +10,8 @@ the same batch or on an agent that already ended without success.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from graphlib import CycleError, TopologicalSorter
 
 from django.conf import settings
@@ -27,6 +26,7 @@ from orchestration.models import AgentDispatch, AgentProfile, Turn
 from orchestration.records.catalogue import AGENT_CREATED
 from orchestration.records.events import event_new, events_record
 from skills import registry
+from skills.base import Domain
 
 
 @dataclass
@@ -41,27 +41,36 @@ def profiles_by_name() -> dict[str, AgentProfile]:
     return {p.name: p for p in AgentProfile.objects.all()}
 
 
+def skill_domains(calls: list[ToolCall], owner) -> dict[str, Domain]:
+    """The domains a batch's skills are checked against, found before the caller takes
+    the turn's lock: with an MCP skill named, listing its server's tools may start the
+    server's process or wait on its network (up to its timeouts), which must not happen
+    while the lock (on SQLite, the database's one writer) is held."""
+    named_mcp = any(registry.MCP_PREFIX in call.arguments for call in calls)
+    return registry.domains_for(owner if named_mcp else None)
+
+
 def plan_batch(
-    *, turn: Turn, calls: list[ToolCall], dispatches: list[AgentDispatch], parent: AgentDispatch | None = None,
-    profiles: dict[str, AgentProfile] | None = None,
+    *, turn: Turn, calls: list[ToolCall], dispatches: list[AgentDispatch], domains: dict[str, Domain],
+    parent: AgentDispatch | None = None, profiles: dict[str, AgentProfile] | None = None,
 ) -> list[Planned]:
     """Validate every call; the survivors are ready to create, in order. `dispatches`:
     the turn's, as the caller read them under the turn's lock (it schedules with them
-    next); `profiles`: as the caller read them, if it did."""
+    next); `domains`: the skills that may be granted (`skill_domains`); `profiles`: as
+    the caller read them, if it did."""
     limits = Limits.from_json(turn.limits)
     profiles = profiles if profiles is not None else profiles_by_name()
     schema = dispatch_agent_parameters(
         profile_names=list(profiles), max_tool_calls_cap=limits.agent_max_tool_calls_cap
     )
     allowed_for_parent = set(parent.skills) if parent else None
-    owner = partial(_owner, turn)  # whose MCP servers' skills may be granted too (read when one is)
     planned = []
     for call in calls:
         spec, error = parse_arguments(call.arguments, schema)
         item = Planned(call=call, spec=spec or {}, error=error)
         if not error:
             item.profile = profiles.get(spec.get("profile", ""))
-            item.error = _skill_problem(spec["skills"], item.profile, allowed_for_parent, owner)
+            item.error = _skill_problem(spec["skills"], item.profile, allowed_for_parent, domains)
         planned.append(item)
 
     # agent_ids are unique in the whole turn, but an agent may only depend on its
@@ -97,14 +106,8 @@ def plan_batch(
     return planned
 
 
-def _owner(turn: Turn):
-    return turn.conversation.owner
-
-
 def _skill_problem(skills: list[str], profile: AgentProfile | None, parent_skills: set | None,
-                   owner: Callable[[], object]) -> str:
-    mcp = any(name.startswith(registry.MCP_PREFIX) for name in skills)
-    found = registry.domains_for(owner() if mcp else None)
+                   found: dict[str, Domain]) -> str:
     known = {skill.name for domain in found.values() for skill in domain.skills}
     unknown = [name for name in skills if name not in known]
     down = {domain.name: domain.unavailable for name in unknown if "." in name
@@ -130,17 +133,16 @@ def _skill_problem(skills: list[str], profile: AgentProfile | None, parent_skill
                     f"it allows {sorted(profile.allowed_skills)}."
                 )
         if profile.read_only:
-            writes = [n for n in skills if not _reads(n, owner() if mcp else None)]
+            writes = [n for n in skills if not _reads(n, found)]
             if writes:
                 return f"profile {profile.name!r} is read-only and may not use {writes}."
     return ""
 
 
-def _reads(name: str, user) -> bool:
-    try:
-        return registry.get_skill(name, user).read_only
-    except registry.UnknownSkill:  # an MCP server down: what it would do is not known
-        return False
+def _reads(name: str, found: dict[str, Domain]) -> bool:
+    domain = found.get(name.rsplit(".", 1)[0])
+    skill = domain.get(name) if domain is not None and not domain.unavailable else None
+    return skill is not None and skill.read_only  # an MCP server down: what it would do is not known
 
 
 def _refuse_unstartable(planned: list[Planned], existing: dict[str, AgentDispatch]) -> None:
@@ -174,15 +176,17 @@ def _a_cycle(graph: dict[str, list[str]]) -> list[str]:
     return []
 
 
-def dispatch_batch(*, turn: Turn, calls: list[ToolCall], task_prompt: str, parent: AgentDispatch | None = None,
-                   step_idx: int | None = None, outside: Sequence[str] = (),
+def dispatch_batch(*, turn: Turn, calls: list[ToolCall], task_prompt: str, domains: dict[str, Domain],
+                   parent: AgentDispatch | None = None, step_idx: int | None = None, outside: Sequence[str] = (),
                    profiles: dict[str, AgentProfile] | None = None) -> list[Planned]:
     """Plan `calls` (top-level, or children of `parent`), take their slots of the turn's
     agent limit (children too: limits count the whole tree), create the valid ones and
     queue what can start; returns the plan, refusals included. The caller holds the
-    turn's lock: the turn's agents are read once, for the plan and for the schedule."""
+    turn's lock: the turn's agents are read once, for the plan and for the schedule;
+    `domains` it found before (`skill_domains`)."""
     dispatches = list(turn.dispatches.all())
-    planned = plan_batch(turn=turn, calls=calls, dispatches=dispatches, parent=parent, profiles=profiles)
+    planned = plan_batch(turn=turn, calls=calls, dispatches=dispatches, domains=domains, parent=parent,
+                         profiles=profiles)
     valid = [item for item in planned if not item.error]
     reserve_agents(turn=turn, agent_ids=[item.spec["agent_id"] for item in valid])
     created = dispatches_create(turn=turn, items=valid, task_prompt=task_prompt, parent=parent, step_idx=step_idx,

@@ -25,7 +25,7 @@ from orchestration.delivery import runner
 from orchestration.delivery.dbretry import is_transient
 from orchestration.delivery.leases import VERIFIED_SECONDS, LeaseLost, lease_until, new_token
 from orchestration.engine import steps
-from orchestration.engine.delegation import dispatch_batch, dispatch_result_json, profiles_by_name
+from orchestration.engine.delegation import dispatch_batch, dispatch_result_json, profiles_by_name, skill_domains
 from orchestration.engine.prompts import orchestrator_system_prompt, user_local_time
 from orchestration.engine.steps import Next
 from orchestration.engine.toolcalls import error_json, parse_arguments
@@ -297,10 +297,12 @@ class Orchestrator:
     def _dispatch_batch(self, calls: list[ToolCall]) -> None:
         turn = self.turn
         task_prompt = turn.messages.filter(role=Message.Role.USER).values_list("content", flat=True).first() or ""
+        domains = skill_domains(calls, turn.conversation.owner)
         with transaction.atomic():
             locked = lifecycle.lock_turn(turn.pk)
             self._held(locked)
-            planned = dispatch_batch(turn=locked, calls=calls, task_prompt=task_prompt, profiles=self.profiles)
+            planned = dispatch_batch(turn=locked, calls=calls, task_prompt=task_prompt, domains=domains,
+                                     profiles=self.profiles)
             answers = [{"role": Message.Role.TOOL, "tool_call_id": item.call.id,
                         "content": error_json(item.error, agent_id=item.spec.get("agent_id")) if item.error
                         else dispatch_result_json(item.spec["agent_id"])} for item in planned]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -30,8 +31,9 @@ from orchestration.records.outside import conversation_outside_fold
 from orchestration.reports import otel
 from orchestration.reports.errors import failure_of
 from orchestration.zones import user_time_zone
+from skills import registry
+from skills.base import Domain
 from skills.models import ExecutionStatus
-from skills.registry import UnknownSkill, get_skill
 from skills.validation import unstorable_text
 
 MAX_MESSAGE_CHARS = 8000
@@ -134,24 +136,25 @@ def _finish(turn_id: int, token: str | None, *, status: str, error: str = "") ->
     return turn
 
 
-@transaction.atomic
 def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
-    turn = _finish(turn_id, token, status=TurnStatus.COMPLETED)
-    if turn is None:
-        return
-    lifecycle.turn_dispatches_close(turn, reason="the turn was answered before this agent finished")
-    shortfall = shortfall_note(turn)
-    if shortfall:  # the model's answer may claim more than happened: the record says what did not
-        message_append(turn=turn, role=Message.Role.NOTICE, content=shortfall)
-    if effects := side_effects_note(turn):
-        message_append(turn=turn, role=Message.Role.NOTICE, content=effects)
-    event_record(
-        type=TURN_COMPLETED, turn=turn, summary=f"Turn {turn.number} answered",
-        payload={"answer_message_id": answer.pk, "llm_iterations": turn.llm_iterations,
-                 "skill_calls": turn.skill_calls, "agents": turn.agents_dispatched,
-                 "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens},
-    )
-    turn.conversation.save(update_fields=["updated_at"])
+    domains = effect_domains(turn_id)
+    with transaction.atomic():
+        turn = _finish(turn_id, token, status=TurnStatus.COMPLETED)
+        if turn is None:
+            return
+        lifecycle.turn_dispatches_close(turn, reason="the turn was answered before this agent finished")
+        shortfall = shortfall_note(turn)
+        if shortfall:  # the model's answer may claim more than happened: the record says what did not
+            message_append(turn=turn, role=Message.Role.NOTICE, content=shortfall)
+        if effects := side_effects_note(turn, domains):
+            message_append(turn=turn, role=Message.Role.NOTICE, content=effects)
+        event_record(
+            type=TURN_COMPLETED, turn=turn, summary=f"Turn {turn.number} answered",
+            payload={"answer_message_id": answer.pk, "llm_iterations": turn.llm_iterations,
+                     "skill_calls": turn.skill_calls, "agents": turn.agents_dispatched,
+                     "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens},
+        )
+        turn.conversation.save(update_fields=["updated_at"])
 
 
 def shortfall_note(turn: Turn) -> str:
@@ -196,47 +199,68 @@ def _kind(result) -> str:
     return result.get("error_kind", "") if isinstance(result, dict) else ""
 
 
-def side_effects(turn: Turn) -> list[str]:
+def effect_domains(turn_id: int) -> dict[str, Domain]:
+    """The skills a turn's side effects are described by, found before its ending's
+    transaction: with an MCP tool among its calls, its server's tool list may have to be
+    fetched (the server's process started, or its network waited on, up to its
+    timeouts), which must not happen while the turn's row (on SQLite, the database's one
+    writer) is locked. One statement when the turn called no MCP tool."""
+    owner_id = (SkillExecution.objects.filter(dispatch__turn_id=turn_id, skill__startswith=registry.MCP_PREFIX)
+                .values_list("dispatch__turn__conversation__owner_id", flat=True).first())
+    return registry.domains_for(get_user_model().objects.get(pk=owner_id) if owner_id else None)
+
+
+def side_effects(turn: Turn, domains: dict[str, Domain]) -> list[str]:
     """What the turn changed or sent, one line each, from its completed skill calls that
-    are not read-only (nested ones included), in the order they ran."""
+    are not read-only (nested ones included), in the order they ran. A tool of an MCP
+    server that is down now is listed by its name: what it did is not known to be nothing."""
     lines = []
     rows = (SkillExecution.objects.filter(dispatch__turn=turn, status=ExecutionStatus.COMPLETED)
             .order_by("finished_at", "id").values_list("skill", "arguments", "result"))
     for name, arguments, result in rows:
-        try:
-            skill = get_skill(name, turn.conversation.owner)
-        except UnknownSkill:
+        domain = domains.get(name.rsplit(".", 1)[0])
+        skill = domain.get(name) if domain is not None and not domain.unavailable else None
+        if skill is None:
+            if name.startswith(registry.MCP_PREFIX):
+                lines.append(f"{name} (its server is not reachable now to describe it)")
             continue
         if not skill.read_only:
             lines.append(skill.effect_line(arguments or {}, result))
     return lines
 
 
-def side_effects_note(turn: Turn) -> str:
+def side_effects_note(turn: Turn, domains: dict[str, Domain]) -> str:
     """Written by the engine under every turn that had any, whatever the model said;
     "" when it had none."""
-    lines = side_effects(turn)
+    lines = side_effects(turn, domains)
     if not lines:
         return ""
     return "Side effects (from the engine's record):\n" + "\n".join(f"- {line}" for line in lines)
 
 
-@transaction.atomic
 def turn_fail(*, turn_id: int, error: str, token: str | None = None) -> None:
-    turn = _finish(turn_id, token, status=TurnStatus.FAILED, error=error)
-    if turn is None:
-        return
-    lifecycle.turn_dispatches_close(turn, reason="the turn failed")
-    effects = side_effects_note(turn)
-    words = failure_of(error).words  # the whole error stays in the turn, its event and the audit
-    message_append(turn=turn, role=Message.Role.NOTICE,
-                   content=f"Sorry — this turn failed. {words}" + (f"\n\n{effects}" if effects else ""))
-    event_record(type=TURN_FAILED, turn=turn, summary=f"Turn {turn.number} failed: {words[:200]}", payload={"error": error})
+    domains = effect_domains(turn_id)
+    with transaction.atomic():
+        turn = _finish(turn_id, token, status=TurnStatus.FAILED, error=error)
+        if turn is None:
+            return
+        lifecycle.turn_dispatches_close(turn, reason="the turn failed")
+        effects = side_effects_note(turn, domains)
+        words = failure_of(error).words  # the whole error stays in the turn, its event and the audit
+        message_append(turn=turn, role=Message.Role.NOTICE,
+                       content=f"Sorry — this turn failed. {words}" + (f"\n\n{effects}" if effects else ""))
+        event_record(type=TURN_FAILED, turn=turn, summary=f"Turn {turn.number} failed: {words[:200]}",
+                     payload={"error": error})
 
 
-@transaction.atomic
 def turn_stop(*, turn: Turn, user) -> Turn:
     """Stop an active turn on the owner's word: cancel its agents, answer with a summary."""
+    domains = effect_domains(turn.pk)
+    with transaction.atomic():
+        return _turn_stop(turn, user, domains)
+
+
+def _turn_stop(turn: Turn, user, domains: dict[str, Domain]) -> Turn:
     turn = lifecycle.lock_turn(turn.pk)
     if turn.conversation.owner_id != user.pk:
         raise TurnRefused("Only the conversation's owner can stop this turn.")
@@ -250,7 +274,7 @@ def turn_stop(*, turn: Turn, user) -> Turn:
     _finish(turn.pk, None, status=TurnStatus.STOPPED)
     lifecycle.turn_dispatches_close(turn, reason="stopped by the owner")
     summary = stop_summary(turn)
-    if effects := side_effects_note(turn):
+    if effects := side_effects_note(turn, domains):
         summary += f"\n\n{effects}"
     message_append(turn=turn, role=Message.Role.NOTICE, content=summary)
     event_record(type=TURN_STOPPED, turn=turn, summary=f"Turn {turn.number} stopped by {user.get_username()}",

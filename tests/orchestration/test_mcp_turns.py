@@ -5,13 +5,16 @@ like the built-ins, and a call whose answer was lost asks the owner."""
 from __future__ import annotations
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 
-from orchestration.models import SkillApproval, SkillExecution
+from orchestration.lifecycle.turns import effect_domains, side_effects
+from orchestration.models import AgentDispatch, SkillApproval, SkillExecution, Turn
 from orchestration.questions.approvals import approval_answer
 from orchestration.questions.pauses import pause_record
 from orchestration.reports.audit import turn_audit
+from skills.mcp import client as mcp_client
 from skills.mcp import skills as mcp_skills
+from tests.factories import conversation_for
 from tests.support.llm_server import Agent, Plan
 from tests.support.mcp_fixtures import lines, stdio_server
 
@@ -61,6 +64,30 @@ def test_the_orchestrator_cannot_grant_a_tool_of_a_server_the_user_may_not_use(l
     assert not turn.dispatches.exists()
     refusal = [m for m in llm.requests[1]["messages"] if m["role"] == "tool"][0]["content"]
     assert "unknown skills ['mcp.tools.lookup']" in refusal
+
+
+def test_an_mcp_servers_tools_are_listed_outside_every_transaction(llm, run_turn, alice, monkeypatch):
+    """Listing may start the server's process or wait on its network, up to its timeouts:
+    never while the turn's lock (on SQLite, the database's one writer) is held: not as a
+    dispatch that grants one of its tools checks them, nor as the turn's ending lists its
+    side effects."""
+    stdio_server(trust_read_only=True)
+    listed_in_transaction = []
+    real = mcp_client.Hub.tools
+
+    def tools(hub, config):
+        listed_in_transaction.append(connection.in_atomic_block)
+        return real(hub, config)
+
+    monkeypatch.setattr(mcp_client.Hub, "tools", tools)
+    llm.respond = Plan([Agent("clerk", ["mcp.tools.create_ticket"], [TICKET], report="Filed.")])
+    turn = run_turn("File a ticket about the printer")
+    answer(turn, alice, approve=True)
+    turn.refresh_from_db()
+    assert turn.status == "completed", turn.error
+    assert turn.dispatches.get().skills == ["mcp.tools.create_ticket"]
+    assert "- mcp.tools.create_ticket (title Printer jam" in turn.messages.filter(role="notice").last().content
+    assert listed_in_transaction and not any(listed_in_transaction)
 
 
 @pytest.fixture
@@ -124,3 +151,14 @@ def test_a_server_that_is_down_is_unavailable_to_the_orchestrator_not_a_failed_t
     refusal = [m for m in llm.requests[1]["messages"] if m["role"] == "tool"][0]["content"]
     assert "mcp.gone is unavailable now: cannot reach MCP server gone" in refusal
     assert not turn.dispatches.exists()
+
+
+def test_a_side_effect_of_a_server_gone_since_is_still_listed(alice):
+    """The turn's ending describes its side effects from the tools' descriptions; a
+    server removed (or down) since cannot describe its call, which is still listed."""
+    turn = Turn.objects.create(conversation=conversation_for(alice), number=1)
+    dispatch = AgentDispatch.objects.create(turn=turn, agent_id="clerk", mission="m", skills=[])
+    SkillExecution.objects.create(dispatch=dispatch, skill="mcp.gone.create_ticket", tool_call_id="c1",
+                                  arguments={"title": "Printer jam"}, status="completed", result={"ok": True})
+    assert side_effects(turn, effect_domains(turn.pk)) == [
+        "mcp.gone.create_ticket (its server is not reachable now to describe it)"]
