@@ -53,6 +53,13 @@ def domains(user=None) -> list[dict]:
             for name in sorted(found)]
 
 
+def skill_in(found: dict[str, Domain], name: str) -> Skill | None:
+    """The skill called `name` among domains already found (`domains_for`), without
+    looking anything up again; None when it is not there or its domain is unavailable now."""
+    domain = found.get(name.rsplit(".", 1)[0])
+    return domain.get(name) if domain is not None and not domain.unavailable else None
+
+
 def get_domain(name: str, user=None) -> Domain:
     found = domains_for(user) if isinstance(name, str) and name.startswith(MCP_PREFIX) else DOMAINS
     domain = found.get(name) if isinstance(name, str) else None

@@ -140,8 +140,7 @@ def _skill_problem(skills: list[str], profile: AgentProfile | None, parent_skill
 
 
 def _reads(name: str, found: dict[str, Domain]) -> bool:
-    domain = found.get(name.rsplit(".", 1)[0])
-    skill = domain.get(name) if domain is not None and not domain.unavailable else None
+    skill = registry.skill_in(found, name)
     return skill is not None and skill.read_only  # an MCP server down: what it would do is not known
 
 

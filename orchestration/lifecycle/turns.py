@@ -218,8 +218,7 @@ def side_effects(turn: Turn, domains: dict[str, Domain]) -> list[str]:
     rows = (SkillExecution.objects.filter(dispatch__turn=turn, status=ExecutionStatus.COMPLETED)
             .order_by("finished_at", "id").values_list("skill", "arguments", "result"))
     for name, arguments, result in rows:
-        domain = domains.get(name.rsplit(".", 1)[0])
-        skill = domain.get(name) if domain is not None and not domain.unavailable else None
+        skill = registry.skill_in(domains, name)
         if skill is None:
             if name.startswith(registry.MCP_PREFIX):
                 lines.append(f"{name} (its server is not reachable now to describe it)")
