@@ -15,6 +15,11 @@ Only the model call is awaited here. Every database step runs on the runner's da
 threads; acting on skill calls runs on its skill threads (orchestration/delivery/runner.py), so a
 slow skill never holds up another agent's bookkeeping.
 
+Work on those threads that runs past a third of the lease (a slow skill, an MCP server
+starting while the prompt lists its tools) renews the lease meanwhile (`_kept`): a lease
+lapses when its worker died, or in a model call longer than ASSISTANT_LEASE_SECONDS
+allows for (`manage.py check` warns), not because a step waited on something slow.
+
 Provider rate limits (orchestration/llm/capacity/): `_ask` asks the shared limiter for
 each call (one request, the prompt's estimated tokens plus the answer's allowance), in
 turn (the orchestrator before sub-agents, users in turn, parents before their nested
@@ -151,7 +156,7 @@ async def _steps_retrying(work: Work) -> Next:
     retrying = Retrying()
     while True:
         try:
-            await runner.db(work.load)
+            await _kept(work, runner.db, work.load)
             return await _steps(work)
         except steps.StoredElsewhere:
             logger.info("%s: a step was stored by another delivery; replaying it", work.label)
@@ -169,7 +174,7 @@ async def _steps(work: Work) -> Next:
             return work.too_many_steps()
         response = work.replayed(step)
         if response is None:
-            if (stop := await runner.db(work.before_call)) is not None:
+            if (stop := await _kept(work, runner.db, work.before_call)) is not None:
                 return stop
             try:
                 response, duration_ms = await _ask(work, step)
@@ -177,18 +182,43 @@ async def _steps(work: Work) -> Next:
                 await db_retrying(work.release_reservation)
                 raise
             await db_retrying(work.charge, response)
-            response = await (runner.skills if work.acts_on_skills(response) else _inline)(work.ahead, step, response)
+            if work.acts_on_skills(response):
+                response = await _kept(work, runner.skills, work.ahead, step, response)
+            else:
+                response = work.ahead(step, response)
             if (stop := await db_retrying(work.store, step, response, duration_ms)) is not None:
                 return stop
         on_pool = runner.skills if work.acts_on_skills(response) else runner.db
-        next_step = await on_pool(work.act, step, response)
+        next_step = await _kept(work, on_pool, work.act, step, response)
         if next_step.kind is not Kind.AGAIN:
             return next_step
     raise AssertionError("unreachable")
 
 
-async def _inline(fn, /, *args):
-    return fn(*args)
+async def _kept(work: Work, on_pool, fn, /, *args):
+    """`on_pool(fn, *args)`, the work's lease renewed while it runs past a third of the
+    lease. The lease tells whether the worker lives, not whether a step is quick: a step
+    that waits on an MCP server starting (its tools listed for the prompt) or on a slow
+    skill is alive, and the reaper must not hand its work to another worker meanwhile.
+    Each of those waits has a timeout of its own; a process that dies renews nothing.
+    A step that is done sooner (every step, in the steady state) costs no statement."""
+    task = asyncio.ensure_future(on_pool(fn, *args))
+    try:
+        while not (await asyncio.wait({task}, timeout=settings.ASSISTANT_LEASE_SECONDS / 3))[0]:
+            await _renew(work)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    return task.result()
+
+
+async def _renew(work: Work) -> None:
+    """Renew the lease beside a step still running; what the check finds (a Stop, a
+    pause, the lease lost) the step itself finds at its next write or check."""
+    try:
+        await runner.db(work.check)
+    except Exception as exc:  # noqa: BLE001 - the step goes on; its own writes say what is wrong
+        logger.warning("%s: the lease could not be renewed (%s)", work.label, exc)
 
 
 async def _ask(work: Work, step: int) -> tuple[LLMResponse, int]:
