@@ -70,7 +70,6 @@ SKILL = ("tasks.search", {"status": "open"})
 FINAL_TYPES = set(TURN_RESTS)
 HTTP_TIMEOUT = 60.0
 USERNAME = "load-{:03d}"
-STEADY_AFTER_RAMP = 15.0  # seconds: the last users' logins are done
 STEADY_KINDS = ("page", "post", "event", "turn")
 
 EVENT_ROW = re.compile(r'<details class="event [^"]*" id="event-(\d+)">.*?<div class="muted">([^<]*)</div>', re.S)
@@ -96,12 +95,18 @@ class LoadConfig:
     password: str = "load-test-password-1"
     hidden: float = 0.0  # the share of turns spent in another tab (the page hidden)
     hidden_seconds: float = 3.0  # how long, from the post
+    steady_after_ramp: float = 15.0  # seconds: the last users' logins are done
     debug: bool = False  # DEBUG for daphne and the workers (off: as in production)
 
     def plan(self) -> Plan:
         agents = [Agent(f"l{i}", ["tasks.search"], [SKILL] * (1 + i % 2), report=f"l{i}: done")
                   for i in range(self.agents)]
         return Plan(agents, answer="Load turn done.")
+
+    @property
+    def steady_from(self) -> float:
+        """Where the steady window begins, in seconds from the start (it ends at `duration`)."""
+        return self.ramp + self.steady_after_ramp
 
     @property
     def skill_calls_per_turn(self) -> int:
@@ -507,7 +512,9 @@ class VirtualUser:
 # --- the run ------------------------------------------------------------------------------
 
 
-async def _drive(config: LoadConfig, base_url: str, stats: Stats, out: Callable[[str], None]) -> None:
+async def _drive(config: LoadConfig, base_url: str, stats: Stats, out: Callable[[str], None],
+                 cpu_now: Callable[[], dict[str, float]]) -> dict[str, float] | None:
+    """Run the users; return the CPU seconds each process used in the steady window."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
     users = [VirtualUser(i, base_url, stats) for i in range(config.users)]
     tasks = [asyncio.create_task(user.run()) for user in users]
@@ -517,7 +524,19 @@ async def _drive(config: LoadConfig, base_url: str, stats: Stats, out: Callable[
             await asyncio.sleep(config.progress_every)
             out(stats.progress())
 
+    async def steady_cpu():
+        """As the steady latencies are: after the ramp and the logins (PBKDF2 is about
+        half a CPU-second a login, all in daphne), until the end of the duration."""
+        if config.duration <= config.steady_from:
+            return None
+        await asyncio.sleep(max(0.0, stats.started + config.steady_from - time.monotonic()))
+        begin = await asyncio.to_thread(cpu_now)
+        await asyncio.sleep(max(0.0, stats.deadline - time.monotonic()))
+        end = await asyncio.to_thread(cpu_now)
+        return {name: end[name] - begin[name] for name in begin}
+
     reporter = asyncio.create_task(report())
+    steady = asyncio.create_task(steady_cpu())
     limit = config.ramp + config.duration + config.turn_timeout + config.settle_timeout + 60
     done, pending = await asyncio.wait(tasks, timeout=limit)
     reporter.cancel()
@@ -529,6 +548,8 @@ async def _drive(config: LoadConfig, base_url: str, stats: Stats, out: Callable[
     for task in done:
         if task.exception():
             stats.error("exception", repr(task.exception()))
+    await asyncio.wait({steady}, timeout=10)  # done at the deadline, before the users' last turns
+    return steady.result() if steady.done() else None
 
 
 def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: Path,
@@ -554,12 +575,16 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
             f"LLM {config.latency_ms} ms; logs in {log_dir}")
         out(f"{config.users} users for {config.duration:.0f}s (ramp {config.ramp:.0f}s), {config.agents} agents "
             f"and {config.skill_calls_per_turn} skill calls per turn, {config.turns_per_conversation} turns per page")
-        cpu_before = {"daphne": cpu_seconds(web), "qcluster": cpu_seconds(cluster), "driver": _own_cpu(), **services_cpu()}
+        def cpu_now() -> dict[str, float]:
+            return {"daphne": cpu_seconds(web), "qcluster": cpu_seconds(cluster), "driver": _own_cpu(),
+                    **services_cpu()}
+
+        cpu_before = cpu_now()
         ticks_before = _machine_ticks()
         stats = Stats(config)
-        asyncio.run(_drive(config, web.url, stats, out))
+        steady_cpu = asyncio.run(_drive(config, web.url, stats, out, cpu_now))
         wall = time.monotonic() - stats.started
-        cpu_after = {"daphne": cpu_seconds(web), "qcluster": cpu_seconds(cluster), "driver": _own_cpu(), **services_cpu()}
+        cpu_after = cpu_now()
         cpu = {name: cpu_after[name] - cpu_before[name] for name in cpu_before}
         busy, total = (after - before for after, before in zip(_machine_ticks(), ticks_before))
         peak = {"daphne": peak_rss_mb(web), "qcluster (largest process)": peak_rss_mb(cluster)}
@@ -601,7 +626,7 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
     llm_requests = len(server.requests) - requests_before
 
     samples = {**stats.latencies, "event": event_latency}
-    steady_from = config.ramp + STEADY_AFTER_RAMP
+    steady_from = config.steady_from
     events_received = sum(len(s.received) for s in stats.sockets)
     catch_up = [s.catch_up_s for s in stats.sockets if s.catch_up_s is not None]
     return {
@@ -634,6 +659,7 @@ def run_load(config: LoadConfig, *, server: ScriptedLLM | None = None, log_dir: 
                    "samples": stats.error_samples},
         "llm_requests": llm_requests,
         "cpu_seconds": {name: round(seconds, 1) for name, seconds in cpu.items()},
+        "steady_cpu_seconds": {name: round(seconds, 1) for name, seconds in (steady_cpu or {}).items()},
         "machine_cpu_busy_pct": round(100 * busy / max(total, 1), 1),
         "peak_rss_mb": peak,
         "logs": {"daphne": str(web.log_path), "qcluster": str(cluster.log_path)},
@@ -717,6 +743,17 @@ LATENCY_ROWS = [("page", "conversation page (GET)"), ("post", "message post (htm
                 ("list", "list page (GET)"), ("create", "new conversation (POST)"), ("login", "login (POST)")]
 
 
+def _steady_cpu_lines(report: dict) -> list[str]:
+    """The steady window's CPU, and daphne's share of the qcluster's there (issue 27 aims
+    at under a third)."""
+    steady = report.get("steady_cpu_seconds")
+    if not steady:
+        return []
+    share = f"; daphne / qcluster {steady['daphne'] / steady['qcluster']:.2f}" if steady.get("qcluster") else ""
+    return [f"{'CPU s, steady state':<26} " + ", ".join(f"{k} {v}" for k, v in steady.items())
+            + f" ({report['steady_from_s']:.0f}–{report['config']['duration']:.0f} s{share})"]
+
+
 def table(report: dict) -> str:
     """The readable summary of a report."""
     turns, sockets, errors = report["turns"], report["sockets"], report["errors"]
@@ -734,6 +771,7 @@ def table(report: dict) -> str:
         f"(duplicates {sockets['duplicates']}, reconnects {sockets['reconnects']})",
         f"{'CPU s':<26} " + ", ".join(f"{k} {v}" for k, v in report["cpu_seconds"].items())
         + f" (machine {report['machine_cpu_busy_pct']:.0f} % busy)",
+        *_steady_cpu_lines(report),
         "",
         f"{'latency (ms)':<26} {'n':>6} {'p50':>8} {'p95':>8} {'max':>8}",
     ]

@@ -22,7 +22,8 @@ def test_load_driver_users_see_every_event(llm, tmp_path, capsys):
     # as the qcluster fixture does: the reaper's schedule must not fire in the middle
     Schedule.objects.filter(func="orchestration.lifecycle.reaper.reap_expired").delete()
     config = LoadConfig(users=3, duration=10, latency_ms=50, workers=3, agents=2, turns_per_conversation=2,
-                        ramp=1, think=0.2, turn_timeout=60, progress_every=5, hidden=0.5, hidden_seconds=0.5)
+                        ramp=1, think=0.2, turn_timeout=60, progress_every=5, hidden=0.5, hidden_seconds=0.5,
+                        steady_after_ramp=2)
 
     report = run_load(config, server=llm, log_dir=tmp_path)
 
@@ -41,6 +42,10 @@ def test_load_driver_users_see_every_event(llm, tmp_path, capsys):
     assert report["hidden_turns"] >= 1 and events["held_back_from_hidden_tabs"] > 0, events
     assert report["latency_ms"]["event"]["n"] == events["received"] - events["held_back_from_hidden_tabs"]
     assert report["llm_requests"] == turns["completed"] * config.llm_calls_per_turn
+    # The steady window's CPU (3–10 s) is within the whole run's, as the steady latencies are.
+    steady, whole = report["steady_cpu_seconds"], report["cpu_seconds"]
+    assert steady.keys() == whole.keys() and 0 < steady["qcluster"] <= whole["qcluster"], (steady, whole)
+    assert "CPU s, steady state" in table(report)
 
 
 @pytest.mark.parametrize("share", ["2", "-0.5", "half"])
