@@ -109,7 +109,7 @@ async def run(role, item_id: int) -> None:
         next_step = steps.HAND_BACK  # the process is ending: cut the model call short
     try:
         if next_step.kind is not Kind.STOP:
-            await db_retrying(work.end, next_step)
+            await _kept(work, db_retrying, work.end, next_step)  # a turn's end lists its MCP side effects
     except LeaseLost:
         logger.info("%s: lease lost before it could end; its new holder goes on", work.label)
     finally:
