@@ -201,15 +201,26 @@ async def _kept(work: Work, on_pool, fn, /, *args):
     that waits on an MCP server starting (its tools listed for the prompt) or on a slow
     skill is alive, and the reaper must not hand its work to another worker meanwhile.
     Each of those waits has a timeout of its own; a process that dies renews nothing.
-    A step that is done sooner (every step, in the steady state) costs no statement."""
-    task = asyncio.ensure_future(on_pool(fn, *args))
+    A timer, not a task beside the call: a step that is done sooner (every step, in the
+    steady state) costs no statement and no turn of the loop."""
+    loop = asyncio.get_running_loop()
+    every = settings.ASSISTANT_LEASE_SECONDS / 3
+
+    def due() -> None:
+        nonlocal timer
+        renewing = loop.create_task(_renew(work))
+        _renewing.add(renewing)  # held until done: the loop keeps only a weak reference
+        renewing.add_done_callback(_renewing.discard)
+        timer = loop.call_later(every, due)
+
+    timer = loop.call_later(every, due)
     try:
-        while not (await asyncio.wait({task}, timeout=settings.ASSISTANT_LEASE_SECONDS / 3))[0]:
-            await _renew(work)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    return task.result()
+        return await on_pool(fn, *args)
+    finally:
+        timer.cancel()
+
+
+_renewing: set[asyncio.Task] = set()
 
 
 async def _renew(work: Work) -> None:
