@@ -11,6 +11,8 @@ import json
 import pytest
 
 from benchmarks.__main__ import main as bench_main
+from orchestration.models import TurnStatus
+from tests.factories import conversation_for, turn_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -45,6 +47,13 @@ def test_bench_measures_a_workload(tmp_path, capsys):
         assert (peer["workload"], peer["llm_requests"]) == ("diamond", 16) and peer["ratio"] >= 1, peer
     table = capsys.readouterr().out
     assert "diamond" in table and "dependency → dependent" in table
+
+
+def test_a_database_with_unfinished_turns_is_refused_before_anything_starts(alice, capsys):
+    """Their agents would run beside the workloads (the reaper takes them up) and skew every figure."""
+    turn_for(conversation_for(alice), status=TurnStatus.RUNNING)
+    assert bench_main(["bench", "--workloads", "chain", "--force"]) == 1
+    assert "holds 1 unfinished turn(s)" in capsys.readouterr().err
 
 
 def test_trace_cost_compares_export_off_and_on(tmp_path, monkeypatch, capsys):
