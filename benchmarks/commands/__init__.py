@@ -15,3 +15,15 @@ class Refused(Exception):
 
 def say(text: str = "", end: str = "\n") -> None:
     print(text, end=end, flush=True)
+
+
+def refuse_unfinished_turns(name: str) -> None:
+    """A turn left running or waiting (a run stopped midway, a script's) would be taken up
+    by the qcluster's reaper beside the measured work, and its model calls and CPU counted
+    in the figures: refused, with how to start clean."""
+    from orchestration.models import WORKING_TURN_STATUSES, Turn
+
+    if unfinished := Turn.objects.filter(status__in=WORKING_TURN_STATUSES).count():
+        raise Refused(f"{name!r} holds {unfinished} unfinished turn(s), which the qcluster's reaper would run "
+                      "beside the measured work and count in its figures; start from a fresh database "
+                      "(make bench and make load make one).")

@@ -22,14 +22,13 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from benchmarks import ratelimited
-from benchmarks.commands import STYLE, Refused, say
+from benchmarks.commands import STYLE, Refused, refuse_unfinished_turns, say
 from benchmarks.handoffs import HANDOFFS
 from benchmarks.load import Daphne
 from benchmarks.runner import median_run, now_label, queries_per_agent_step, run_workload
 from benchmarks.tokens import seed_example_figures
 from benchmarks.tokens import table as tokens_table
 from benchmarks.workloads import WORKLOADS
-from orchestration.models import WORKING_TURN_STATUSES, Turn
 from tests.support.llm_server import ScriptedLLM
 from tests.support.processes import Cluster, database_url, production_env
 
@@ -78,21 +77,11 @@ def run(options: argparse.Namespace) -> None:
         " + Redis" if settings.REDIS_URL else " (embedded)")
     timed = [w for w in options.workloads if w in WORKLOADS]
     if timed or RATELIMITED in options.workloads:
-        _refuse_unfinished_turns(name)
+        refuse_unfinished_turns(name)
         _timed(timed, options.latency, options.workers, options.second_cluster, options.repeat, options.output, setup,
                RATELIMITED in options.workloads, options.peer and connection.vendor == "postgresql")
     if TOKENS in options.workloads:
         _tokens(options.tokens_output, setup)
-
-
-def _refuse_unfinished_turns(name: str) -> None:
-    """A turn left running or waiting (a run stopped midway, a script's) would be taken up
-    by the qcluster's reaper beside the workloads, and its model calls and CPU counted in
-    theirs: refused, with how to start clean."""
-    if unfinished := Turn.objects.filter(status__in=WORKING_TURN_STATUSES).count():
-        raise Refused(f"{name!r} holds {unfinished} unfinished turn(s), which the qcluster's reaper would run "
-                      "beside the workloads and count in their figures; start from a fresh database "
-                      "(make bench makes one).")
 
 
 def _tokens(output: str, setup: str) -> None:

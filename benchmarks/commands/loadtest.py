@@ -14,7 +14,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from benchmarks.commands import STYLE, Refused, say
+from benchmarks.commands import STYLE, Refused, refuse_unfinished_turns, say
 from benchmarks.load import LoadConfig, run_load, table
 
 HELP = "Users log in, open conversations, post messages and watch their sockets; report latency and errors."
@@ -56,6 +56,7 @@ def run(options: argparse.Namespace) -> None:
     if "bench" not in name and "load" not in name and not options.force:
         raise Refused(f"Refusing to write load-test data into {name!r}; point DATABASE_URL at a scratch "
                       "database whose name contains 'load' or 'bench' (make load does), or pass --force.")
+    refuse_unfinished_turns(name)
     config = LoadConfig(
         users=options.users, duration=options.duration, latency_ms=options.latency,
         workers=options.workers, agents=options.agents,

@@ -14,6 +14,8 @@ from django_q.models import Schedule
 
 from benchmarks.__main__ import main as benchmarks_main
 from benchmarks.load import LoadConfig, run_load, table
+from orchestration.models import TurnStatus
+from tests.factories import conversation_for, turn_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -46,6 +48,13 @@ def test_load_driver_users_see_every_event(llm, tmp_path, capsys):
     steady, whole = report["steady_cpu_seconds"], report["cpu_seconds"]
     assert steady.keys() == whole.keys() and 0 < steady["qcluster"] <= whole["qcluster"], (steady, whole)
     assert "CPU s, steady state" in table(report)
+
+
+def test_a_database_with_unfinished_turns_is_refused_before_anything_starts(alice, capsys):
+    """Their agents would run beside the users' (the reaper takes them up) and skew every figure."""
+    turn_for(conversation_for(alice), status=TurnStatus.WAITING)
+    assert benchmarks_main(["loadtest", "--force"]) == 1
+    assert "holds 1 unfinished turn(s)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("share", ["2", "-0.5", "half"])
