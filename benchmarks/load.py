@@ -136,8 +136,7 @@ class Daphne(ManagedProcess):
         with socket.create_server(("127.0.0.1", port), backlog=512) as listener, open(log_path, "ab") as log:
             port = listener.getsockname()[1]
             process = subprocess.Popen(
-                [str(Path(sys.executable).with_name("daphne")), "--fd", str(listener.fileno()),
-                 "assistant.asgi:application"],
+                [*_daphne(code), "--fd", str(listener.fileno()), "assistant.asgi:application"],
                 cwd=code or settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=[listener.fileno()],
             )
@@ -157,6 +156,14 @@ class Daphne(ManagedProcess):
                 pass
             time.sleep(0.1)
         raise ProcessError(f"daphne not ready after {STARTUP_SECONDS}s:\n{self.log_tail()}")
+
+
+def _daphne(code: Path | None) -> list[str]:
+    """Our daphne entry (assistant/webserver.py), or plain daphne for a checkout from
+    before it."""
+    if (Path(code or settings.BASE_DIR) / "assistant" / "webserver.py").exists():
+        return [sys.executable, "-m", "assistant.webserver"]
+    return [str(Path(sys.executable).with_name("daphne"))]
 
 
 def server_env(config: LoadConfig, llm_url: str) -> dict[str, str]:

@@ -7,12 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,7 +18,7 @@ from benchmarks.listen import session_cookie
 from orchestration.records.catalogue import LLM_WAITING
 from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
-from tests.support.processes import database_url, production_env
+from tests.support.processes import serving
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(not settings.REDIS_URL, reason="several web processes need Redis")]
@@ -34,30 +29,9 @@ EVENT_ROW = re.compile(r'id="event-(\d+)"')
 
 @pytest.fixture
 def served(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "assistant.settings", "DATABASE_URL": database_url(),
-           **production_env(), "ASSISTANT_SOCKET_POLL_SECONDS": "600"}  # only Redis brings events
-    with open(tmp_path / "serve.log", "wb") as log:
-        process = subprocess.Popen([sys.executable, "manage.py", "serve", "--processes", "2", "--port", str(port)],
-                                   cwd=settings.BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"{url}/healthz", timeout=2):
-                break
-        except OSError:
-            assert time.monotonic() < deadline and process.poll() is None, (tmp_path / "serve.log").read_text()
-            time.sleep(0.1)
-    yield url, process
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+    with serving(tmp_path / "serve.log", "--processes", "2",
+                 env={"ASSISTANT_SOCKET_POLL_SECONDS": "600"}) as (url, process):  # only Redis brings events
+        yield url, process
 
 
 def test_two_processes_share_one_port_and_every_socket_gets_every_event(served, alice):

@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -52,6 +56,39 @@ def production_env() -> dict[str, str]:
     return {"DEBUG": "0", "SECRET_KEY": settings.SECRET_KEY, "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "SECURE_SSL_REDIRECT": "0", "SESSION_COOKIE_SECURE": "0", "CSRF_COOKIE_SECURE": "0",
             "SECURE_HSTS_SECONDS": "0"}
+
+
+@contextmanager
+def serving(log_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`manage.py serve *args` on a free port, as a user runs it: (its URL, its process)
+    once /healthz answers; stopped (the whole process group) at the end."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "assistant.settings", "DATABASE_URL": database_url(),
+                   **production_env(), **(env or {})}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "manage.py", "serve", *args, "--port", str(port)],
+                                   cwd=settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"{url}/healthz", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise ProcessError(f"manage.py serve did not start:\n{log_path.read_text()}") from None
+                time.sleep(0.1)
+        yield url, process
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 @dataclass

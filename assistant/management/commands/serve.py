@@ -13,17 +13,16 @@ command simply becomes daphne.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 APPLICATION = "assistant.asgi:application"
+DAPHNE = [sys.executable, "-m", "assistant.webserver"]  # daphne, with our server options
 
 
 class Command(BaseCommand):
@@ -35,13 +34,12 @@ class Command(BaseCommand):
         parser.add_argument("--processes", type=int, default=int(os.environ.get("WEB_PROCESSES", "1")))
 
     def handle(self, *args, host: str, port: int, processes: int, **options):
-        daphne = shutil.which("daphne") or str(Path(sys.executable).with_name("daphne"))
         if processes <= 1:
-            os.execv(daphne, [daphne, "-b", host, "-p", str(port), APPLICATION])
+            os.execv(sys.executable, [*DAPHNE, "-b", host, "-p", str(port), APPLICATION])
         if not settings.REDIS_URL:
             raise CommandError("Several web processes share their sockets' events through Redis: set REDIS_URL.")
         listeners = [_listener(host, port) for _ in range(processes)]
-        children = [subprocess.Popen([daphne, "--fd", str(listener.fileno()), APPLICATION],
+        children = [subprocess.Popen([*DAPHNE, "--fd", str(listener.fileno()), APPLICATION],
                                      pass_fds=[listener.fileno()]) for listener in listeners]
         for listener in listeners:
             listener.close()  # each child holds its own
