@@ -63,7 +63,7 @@ from assistant.live import (
     turn_running,
 )
 from assistant.pooled import busy_lane, handshake, pooled
-from assistant.watch import TOO_MANY, poll_interval, socket_join, socket_leave, socket_shown
+from assistant.watch import TOO_MANY, poll_interval, socket_carried, socket_join, socket_leave, socket_shown
 from orchestration.models import Conversation, Event
 from orchestration.records.events import group_name
 from orchestration.zones import user_time_zone
@@ -157,6 +157,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
     async def event_created(self, message):
         if "events" in message and not self.hidden:
             self.inbox.extend(message["events"])  # pushed by the delivery task with the rest
+            socket_carried(conversation_id=self.conversation.pk, events=message["events"])
             self.wanted.set()
         else:  # too big to carry, or nobody looking: read from the log when it matters
             self.wake()
@@ -164,6 +165,7 @@ class ConversationConsumer(AsyncWebsocketConsumer):
     async def answer_streamed(self, message):
         if "draft" in message and not self.hidden:
             self.draft_in = message["draft"]
+            socket_carried(conversation_id=self.conversation.pk, draft=message["draft"])
             self.wanted.set()
         else:
             self.wake()

@@ -121,6 +121,9 @@ class Probe(_Seen):
     """What a conversation's one poller (assistant/watch.py) reads: enough to tell that
     something changed since its last read (an event, or the running turn's answer
     draft), never what. Each socket then reads what it has not sent from its own cursor.
+With Redis, what the group messages carried to the sockets is news to nobody: the
+watch hands it over before each read (`carried`), and a busy turn's events wake no
+socket to read the log again.
 
     The first read reports a change whatever it finds: a socket that joined the watch
     read its catch-up before the probe's first read, and an event committed in between
@@ -133,14 +136,27 @@ class Probe(_Seen):
         self.turn_running: bool | None = None
         self.draft: str | None = None
 
+    def carried(self, types: dict[int, str], draft: str | None) -> None:
+        """What group messages brought this process's sockets since the last read (event
+        id → type, the newest draft): already pushed, so no news for the safety net."""
+        for pk in sorted(types):
+            if pk > self.floor and pk not in self.sent:
+                self.sent.add(pk)
+                self._follow(types[pk])
+        if draft is not None:
+            self.draft = draft
+
+    def _follow(self, type_: str) -> None:
+        if type_ in TURN_RUNS or type_ in TURN_RESTS:
+            self.turn_running = type_ in TURN_RUNS
+
     def changed(self) -> bool:
         if self.first:
             self.floor = replay_floor(self.conversation_id, NEWEST)
             self.sent = set()
         new = self.unseen(self.conversation_id, "type")
         for _, type_ in new:
-            if type_ in TURN_RUNS or type_ in TURN_RESTS:
-                self.turn_running = type_ in TURN_RUNS
+            self._follow(type_)
         if self.turn_running is None:
             self.turn_running = turn_running(self.conversation_id)
         draft_changed = False

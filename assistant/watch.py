@@ -52,6 +52,8 @@ class Watch:
     sockets: set[Callable[[], None]] = field(default_factory=set)
     hidden: set[Callable[[], None]] = field(default_factory=set)  # those whose tab is in the background
     task: asyncio.Task | None = None
+    carried: dict[int, str] = field(default_factory=dict)  # event id → type, from group messages since the last read
+    carried_draft: str | None = None
 
     async def run(self) -> None:
         probe = Probe(self.conversation_id)
@@ -60,6 +62,10 @@ class Watch:
             if self.sockets <= self.hidden:  # nobody looking: each socket reads the log when its tab shows
                 await asyncio.sleep(interval)
                 continue
+            # Handed over here, on the loop's thread, while no read is in flight: the
+            # probe is only ever touched by one thread at a time.
+            probe.carried(self.carried, self.carried_draft)
+            self.carried, self.carried_draft = {}, None
             try:
                 changed = await _probe_changed(probe)
             except Exception:  # e.g. the database restarting: wake everyone next time round
@@ -111,6 +117,16 @@ def socket_shown(*, conversation_id: int, wake: Callable[[], None], visible: boo
     watch = registry().watches.get(conversation_id)
     if watch is not None and wake in watch.sockets:
         (watch.hidden.discard if visible else watch.hidden.add)(wake)
+
+
+def socket_carried(*, conversation_id: int, events: list[dict] = (), draft: str | None = None) -> None:
+    """A group message brought a socket on the conversation these event rows (or this
+    answer draft): its watch, the safety net, need not wake anyone for them."""
+    watch = registry().watches.get(conversation_id)
+    if watch is not None:
+        watch.carried.update((row["id"], row["type"]) for row in events)
+        if draft is not None:
+            watch.carried_draft = draft
 
 
 def socket_leave(*, user_id: int, conversation_id: int, wake: Callable[[], None]) -> None:

@@ -14,6 +14,7 @@ from channels.testing import WebsocketCommunicator
 
 from assistant import live, watch
 from orchestration.models import Event
+from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
 from tests.sockets import EVENT_ID, communicator, next_rows, nothing_but_busy_panels, only_busy_panels
 
@@ -102,6 +103,39 @@ async def test_one_poller_reads_the_log_for_every_socket_on_a_conversation(alice
     assert registry.per_user == {bob.pk: 1}
     await bobs_socket.disconnect()
     assert not registry.watches and not registry.per_user
+
+
+async def test_events_a_group_message_brought_wake_no_socket_to_read_the_log(alice, settings, monkeypatch):
+    """With Redis the watch is only the safety net: what the group messages brought the
+    sockets is no news to it, so a busy turn's events cost no socket a read of the log
+    (each used to read it once per poll that saw them). One the messages missed still
+    wakes every socket."""
+    settings.ASSISTANT_SOCKET_POLL_SECONDS = 0.02
+    conversation, turn, _ = await database_sync_to_async(started)(alice)
+    probes = Counted(monkeypatch, live.Probe, "changed")
+    reads = Counted(monkeypatch, live.Cursor, "new_events")
+    sockets = [communicator(conversation.pk, alice) for _ in range(3)]
+    await opened(sockets)
+    await probes.at_least(probes.calls + 3)
+    reads_before = reads.calls
+
+    for step in range(5):
+        event = await database_sync_to_async(event_record)(
+            type="orchestrator.llm_call", turn=turn, summary=f"step {step}")  # its row goes in the message
+        for comm in sockets:
+            assert EVENT_ID.findall(await next_rows(comm, timeout=5)) == [str(event.pk)]
+        await probes.at_least(probes.calls + 2)  # a read that saw it
+    for comm in sockets:
+        assert await nothing_but_busy_panels(comm, timeout=0.1)
+    assert reads.calls == reads_before
+
+    missed = await database_sync_to_async(Event.objects.create)(
+        conversation=conversation, turn=turn, type="orchestrator.llm_call", summary="no message")
+    for comm in sockets:
+        assert EVENT_ID.findall(await next_rows(comm, timeout=5)) == [str(missed.pk)]
+    assert reads.calls == reads_before + len(sockets)
+    for comm in sockets:
+        await comm.disconnect()
 
 
 async def test_a_socket_over_the_users_cap_is_closed_4429_and_others_are_unaffected(alice, bob, settings):
