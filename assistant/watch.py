@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,8 +52,11 @@ class Watch:
     sockets: set[Callable[[], None]] = field(default_factory=set)
     hidden: set[Callable[[], None]] = field(default_factory=set)  # those whose tab is in the background
     task: asyncio.Task | None = None
-    carried: dict[int, str] = field(default_factory=dict)  # event id → type, from group messages since the last read
-    carried_draft: str | None = None
+    # What group messages brought its sockets since the last read, for the probe: (event
+    # id → type, draft). Appended on the loop's thread, taken on the read's (a deque is
+    # safe for that), just before the read: whatever arrived while the read waited for
+    # a thread is no news either.
+    carried: deque[tuple[dict[int, str], str | None]] = field(default_factory=deque)
 
     async def run(self) -> None:
         probe = Probe(self.conversation_id)
@@ -62,12 +65,8 @@ class Watch:
             if self.sockets <= self.hidden:  # nobody looking: each socket reads the log when its tab shows
                 await asyncio.sleep(interval)
                 continue
-            # Handed over here, on the loop's thread, while no read is in flight: the
-            # probe is only ever touched by one thread at a time.
-            probe.carried(self.carried, self.carried_draft)
-            self.carried, self.carried_draft = {}, None
             try:
-                changed = await _probe_changed(probe)
+                changed = await _probe_changed(probe, self.carried)
             except Exception:  # e.g. the database restarting: wake everyone next time round
                 logger.warning("Could not poll conversation %s", self.conversation_id, exc_info=True)
                 probe.first = True
@@ -124,9 +123,7 @@ def socket_carried(*, conversation_id: int, events: list[dict] = (), draft: str 
     answer draft): its watch, the safety net, need not wake anyone for them."""
     watch = registry().watches.get(conversation_id)
     if watch is not None:
-        watch.carried.update((row["id"], row["type"]) for row in events)
-        if draft is not None:
-            watch.carried_draft = draft
+        watch.carried.append(({row["id"]: row["type"] for row in events}, draft))
 
 
 def socket_leave(*, user_id: int, conversation_id: int, wake: Callable[[], None]) -> None:
@@ -146,5 +143,7 @@ def socket_leave(*, user_id: int, conversation_id: int, wake: Callable[[], None]
 
 
 @pooled
-def _probe_changed(probe: Probe) -> bool:
+def _probe_changed(probe: Probe, carried: deque) -> bool:
+    while carried:
+        probe.carried(*carried.popleft())
     return probe.changed()

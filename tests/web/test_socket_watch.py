@@ -109,22 +109,41 @@ async def test_events_a_group_message_brought_wake_no_socket_to_read_the_log(ali
     """With Redis the watch is only the safety net: what the group messages brought the
     sockets is no news to it, so a busy turn's events cost no socket a read of the log
     (each used to read it once per poll that saw them). One the messages missed still
-    wakes every socket."""
+    wakes every socket. (A poll that reads an event before its message has arrived
+    still wakes them: one read more, as before. The gate holds the watch back here so
+    the messages come first.)"""
     settings.ASSISTANT_SOCKET_POLL_SECONDS = 0.02
     conversation, turn, _ = await database_sync_to_async(started)(alice)
     probes = Counted(monkeypatch, live.Probe, "changed")
     reads = Counted(monkeypatch, live.Cursor, "new_events")
+    gate, held = asyncio.Event(), asyncio.Event()
+    gate.set()
+    probe_changed = watch._probe_changed
+
+    async def gated(*args):
+        if not gate.is_set():
+            held.set()
+            await gate.wait()
+        return await probe_changed(*args)
+
+    monkeypatch.setattr(watch, "_probe_changed", gated)
     sockets = [communicator(conversation.pk, alice) for _ in range(3)]
     await opened(sockets)
-    await probes.at_least(probes.calls + 3)
+    await probes.at_least(probes.calls + 3)  # its first read, which wakes them all, is done
+    gate.clear()
+    await held.wait()
+    for comm in sockets:
+        assert await nothing_but_busy_panels(comm, timeout=0.1)
     reads_before = reads.calls
 
+    events = []
     for step in range(5):
-        event = await database_sync_to_async(event_record)(
-            type="orchestrator.llm_call", turn=turn, summary=f"step {step}")  # its row goes in the message
+        events.append(await database_sync_to_async(event_record)(
+            type="orchestrator.llm_call", turn=turn, summary=f"step {step}"))  # its row goes in the message
         for comm in sockets:
-            assert EVENT_ID.findall(await next_rows(comm, timeout=5)) == [str(event.pk)]
-        await probes.at_least(probes.calls + 2)  # a read that saw it
+            assert EVENT_ID.findall(await next_rows(comm, timeout=5)) == [str(events[-1].pk)]
+    gate.set()
+    await probes.at_least(probes.calls + 3)  # reads that saw them all
     for comm in sockets:
         assert await nothing_but_busy_panels(comm, timeout=0.1)
     assert reads.calls == reads_before
