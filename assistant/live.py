@@ -121,9 +121,9 @@ class Probe(_Seen):
     """What a conversation's one poller (assistant/watch.py) reads: enough to tell that
     something changed since its last read (an event, or the running turn's answer
     draft), never what. Each socket then reads what it has not sent from its own cursor.
-With Redis, what the group messages carried to the sockets is news to nobody: the
-watch hands it over before each read (`carried`), and a busy turn's events wake no
-socket to read the log again.
+    With Redis, what the group messages carried to the sockets is news to nobody: the
+    watch hands it over before each read (`carried`), and a busy turn's events wake no
+    socket to read the log again.
 
     The first read reports a change whatever it finds: a socket that joined the watch
     read its catch-up before the probe's first read, and an event committed in between
@@ -142,11 +142,11 @@ socket to read the log again.
         for pk in sorted(types):
             if pk > self.floor and pk not in self.sent:
                 self.sent.add(pk)
-                self._follow(types[pk])
+                self._follow_type(types[pk])
         if draft is not None:
             self.draft = draft
 
-    def _follow(self, type_: str) -> None:
+    def _follow_type(self, type_: str) -> None:
         if type_ in TURN_RUNS or type_ in TURN_RESTS:
             self.turn_running = type_ in TURN_RUNS
 
@@ -156,7 +156,7 @@ socket to read the log again.
             self.sent = set()
         new = self.unseen(self.conversation_id, "type")
         for _, type_ in new:
-            self._follow(type_)
+            self._follow_type(type_)
         if self.turn_running is None:
             self.turn_running = turn_running(self.conversation_id)
         draft_changed = False

@@ -10,7 +10,8 @@ background tab, it reads nothing: a tab that shows reads what it missed. Each so
 reads and sends from its own cursor (`live.Cursor`), so a socket replays from its own
 last event id on connect and reconnect and nothing is missed or sent twice (DESIGN.md
 §8). With Redis the group message brings the events to the sockets straight away and
-the same watch is the slow safety net — per conversation, not per socket.
+the same watch is the slow safety net — per conversation, not per socket — which wakes
+the sockets only for what no message brought them (`socket_carried`).
 
 The same registry counts the sockets this process holds per user and per conversation,
 so one more than `ASSISTANT_SOCKETS_PER_USER` / `_PER_CONVERSATION` is refused (the
