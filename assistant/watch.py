@@ -29,7 +29,7 @@ import asyncio
 import logging
 import weakref
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -119,7 +119,7 @@ def socket_shown(*, conversation_id: int, wake: Callable[[], None], visible: boo
         (watch.hidden.discard if visible else watch.hidden.add)(wake)
 
 
-def socket_carried(*, conversation_id: int, events: list[dict] = (), draft: str | None = None) -> None:
+def socket_carried(*, conversation_id: int, events: Sequence[dict] = (), draft: str | None = None) -> None:
     """A group message brought a socket on the conversation these event rows (or this
     answer draft): its watch, the safety net, need not wake anyone for them."""
     watch = registry().watches.get(conversation_id)

@@ -6,10 +6,11 @@ signed out, 4429: too many live pages; static/js/live.js). After sending that fr
 daphne's WebSocket layer (autobahn) waits one second for the client's answer and then
 resets the connection. A client slower than that (a phone on a poor link, a browser on a
 loaded machine) can have the reset arrive before it has read the frame, and its page then
-reports 1006, "connection lost", and retries where it should say why: a browser test on a
-loaded CI machine saw exactly that once (daphne logged the socket's end a second after it
-closed it). `CLOSE_HANDSHAKE_SECONDS` gives the client the time daphne already gives it
-to open the socket."""
+reports 1006, "connection lost", and retries where it should say why. That is the likely
+story of a browser test on a loaded CI machine that once got 1006 where 4403 was sent:
+daphne logged the socket's end a second after it closed it, the reset's timing.
+`CLOSE_HANDSHAKE_SECONDS` gives the client the time daphne already gives it to open the
+socket."""
 
 from __future__ import annotations
 
