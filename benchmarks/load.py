@@ -55,6 +55,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
+from assistant.management.commands.serve import DAPHNE
 from orchestration.records.catalogue import TURN_RESTS
 from tests.support.llm_server import Agent, Plan, ScriptedLLM
 from tests.support.processes import (
@@ -162,7 +163,7 @@ def _daphne(code: Path | None) -> list[str]:
     """Our daphne entry (assistant/webserver.py), or plain daphne for a checkout from
     before it."""
     if (Path(code or settings.BASE_DIR) / "assistant" / "webserver.py").exists():
-        return [sys.executable, "-m", "assistant.webserver"]
+        return DAPHNE
     return [str(Path(sys.executable).with_name("daphne"))]
 
 

@@ -136,12 +136,11 @@ async def test_events_a_group_message_brought_wake_no_socket_to_read_the_log(ali
         assert await nothing_but_busy_panels(comm, timeout=0.1)
     reads_before = reads.calls
 
-    events = []
     for step in range(5):
-        events.append(await database_sync_to_async(event_record)(
-            type="orchestrator.llm_call", turn=turn, summary=f"step {step}"))  # its row goes in the message
+        event = await database_sync_to_async(event_record)(
+            type="orchestrator.llm_call", turn=turn, summary=f"step {step}")  # its row goes in the message
         for comm in sockets:
-            assert EVENT_ID.findall(await next_rows(comm, timeout=5)) == [str(events[-1].pk)]
+            assert EVENT_ID.findall(await next_rows(comm, timeout=5)) == [str(event.pk)]
     gate.set()
     await probes.at_least(probes.calls + 3)  # reads that saw them all
     for comm in sockets:

@@ -22,7 +22,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 APPLICATION = "assistant.asgi:application"
-DAPHNE = [sys.executable, "-m", "assistant.webserver"]  # daphne, with our server options
+# daphne through assistant/webserver.py (a named module: importing it here would install
+# daphne's reactor in this process), before daphne's own arguments.
+DAPHNE = [sys.executable, "-m", "assistant.webserver"]
 
 
 class Command(BaseCommand):
