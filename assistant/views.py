@@ -23,7 +23,7 @@ from orchestration.replay.forking import fork_points, fork_request
 from orchestration.reports import audit, selectors
 from orchestration.reports.retention import DeletionRefused, conversation_delete, conversation_deletion_summary
 from orchestration.reports.waterfall import turn_waterfall
-from orchestration.zones import is_picked_zone, time_zone_groups, user_time_zone
+from orchestration.zones import user_time_zone
 from skills import egress, rules
 from skills.models import EgressAllow, SkillRule
 
@@ -31,10 +31,8 @@ from skills.models import EgressAllow, SkillRule
 @require_GET
 @login_required
 def conversation_list(request):
-    zone = user_time_zone(request.user)
     return render(request, "conversations/list.html", {
-        "rows": selectors.conversation_rows(user=request.user), "time_zone": zone,
-        "time_zone_groups": time_zone_groups(), "time_zone_listed": is_picked_zone(zone)})
+        "rows": selectors.conversation_rows(user=request.user), "time_zone": user_time_zone(request.user)})
 
 
 @require_POST

@@ -1,9 +1,10 @@
 from datetime import datetime
+from functools import lru_cache
 
 from django import template
 from django.utils import formats, timezone
-from django.utils.html import format_html
-from django.utils.safestring import mark_safe
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString, mark_safe
 
 from assistant.payloads import render_payload
 from assistant.rendering import render_markdown
@@ -14,6 +15,7 @@ from orchestration.records.output import output_limit, text_bounded
 from orchestration.reports.errors import failure_of
 from orchestration.reports.selectors import state_words
 from orchestration.reports.waterfall import duration_text
+from orchestration.zones import is_picked_zone, time_zone_groups
 
 register = template.Library()
 
@@ -118,3 +120,23 @@ def question(pause) -> PauseWords:
 def rule_offer(approval) -> str:
     """The "always allow" rule an approval prompt offers, in words ("" when none is)."""
     return rule_offered(approval)
+
+
+@register.simple_tag
+def time_zone_options(selected: str) -> SafeString:
+    """The time zone picker's options, `selected` marked (listed first when the picker
+    does not offer it: a zone stored before, or the server's)."""
+    return _time_zone_options(selected)
+
+
+@lru_cache(maxsize=64)
+def _time_zone_options(selected: str) -> SafeString:
+    """Built once per zone a process shows (a few: its users' own), not at each visit of
+    the conversation list: the template's loop over the picker's four hundred zones was
+    most of that page's CPU."""
+    parts = [] if is_picked_zone(selected) else [format_html('<option value="{}" selected>{}</option>', selected, selected)]
+    for area, zones in time_zone_groups():
+        options = format_html_join("", '<option value="{}"{}>{}</option>', (
+            (name, mark_safe(" selected") if name == selected else "", place) for name, place in zones))
+        parts.append(format_html('<optgroup label="{}">{}</optgroup>', area, options) if area else options)
+    return mark_safe("".join(parts))

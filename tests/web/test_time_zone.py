@@ -17,7 +17,9 @@ from django.utils import timezone
 from assistant import live
 from assistant.models import Preferences
 from assistant.routing import websocket_urlpatterns
+from assistant.templatetags import rendering
 from orchestration.models import Event
+from orchestration.zones import time_zone_groups
 from tests.factories import conversation_for, turn_for
 
 pytestmark = pytest.mark.django_db
@@ -68,6 +70,24 @@ def test_the_picker_offers_the_zones_people_live_in_grouped_by_area(alice_client
     Preferences.objects.create(user=alice, time_zone="US/Eastern")
     page = alice_client.get(reverse("conversation_list")).content.decode()
     assert '<option value="US/Eastern" selected>US/Eastern</option>' in page
+
+
+def test_the_picker_is_built_once_per_zone_not_at_every_visit(alice_client, alice, bob, monkeypatch):
+    """The conversation list is the home page; looping over the picker's four hundred
+    zones in its template was most of its CPU. Each zone's options are built once per
+    process, the zone a page shows still the one selected."""
+    built = []
+    monkeypatch.setattr(rendering, "time_zone_groups", lambda: built.append(1) or time_zone_groups())
+    rendering._time_zone_options.cache_clear()
+    for _ in range(3):
+        assert '<option value="UTC" selected>UTC</option>' in alice_client.get(reverse("conversation_list")).content.decode()
+    Preferences.objects.create(user=bob, time_zone="Asia/Tokyo")
+    bobs = Client()
+    bobs.force_login(bob)
+    for _ in range(2):
+        page = bobs.get(reverse("conversation_list")).content.decode()
+        assert '<option value="Asia/Tokyo" selected>Tokyo</option>' in page and 'value="UTC" selected' not in page
+    assert len(built) == 2  # UTC's, then Tokyo's
 
 
 def test_the_picker_changes_a_zone_already_set(strict, alice):
