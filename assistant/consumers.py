@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 from urllib.parse import parse_qs
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
@@ -111,6 +112,19 @@ class ConversationConsumer(AsyncWebsocketConsumer):
             self._leave()
             raise
         self.deliverer = asyncio.create_task(self.deliver())
+
+    async def dispatch(self, message):
+        """channels' own, without the `close_old_connections` it runs before every handler.
+        That call is a hop to the process's one shared sync thread, for every message
+        every socket receives; and the same thread looks up each connecting socket's user
+        (channels' AuthMiddleware). Under `make load` the hops queued there, behind a
+        thread the login storm's password hashes starved, and handshakes passed daphne's
+        5 seconds. These handlers use no connection of that thread: their database work
+        runs on assistant/pooled.py's pools, which close their own."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     def _leave(self) -> None:
         if getattr(self, "joined", False):

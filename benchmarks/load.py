@@ -50,6 +50,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import count
 from pathlib import Path
 
 from django.conf import settings
@@ -260,6 +261,12 @@ class Stats:
 # --- a virtual user -----------------------------------------------------------------------
 
 
+def reconnect_delay(retry: int) -> float:
+    """How long htmx's ws extension waits before its next attempt ("full-jitter"):
+    at random up to a second, doubling with each attempt, up to 64 s."""
+    return random.random() * 2 ** min(retry, 6)
+
+
 class PageSocket:
     """The conversation page's socket, read as htmx's ws extension does (no pings)."""
 
@@ -287,7 +294,19 @@ class PageSocket:
         await self.ws.send(json.dumps({"visible": visible}))
 
     async def open(self) -> None:
-        self.ws = await self._connect()
+        """Connect; after a failed handshake (each one an error) try again as the page
+        does, from the same page, until the run stops. Moving on to a new conversation
+        instead made a user whose socket failed load three more pages at once, and an
+        overloaded daphne more overloaded still."""
+        for retry in count():
+            try:
+                self.ws = await self._connect()
+                break
+            except Exception as exc:  # noqa: BLE001 - reported, and tried again
+                self.user.stats.error("socket open failed", f"{self.user.username}: {type(exc).__name__}: {exc}")
+                if self.user.stats.stopping():
+                    raise
+                await asyncio.sleep(reconnect_delay(retry))
         self.user.stats.open_sockets += 1
         self.reader = asyncio.create_task(self._read())
 
@@ -467,8 +486,7 @@ class VirtualUser:
         socket_ = PageSocket(self, record, "ws" + self.base_url.removeprefix("http") + ws_path)
         try:
             await socket_.open()
-        except Exception as exc:  # noqa: BLE001
-            self.stats.error("socket open failed", f"{self.username}: {type(exc).__name__}: {exc}")
+        except Exception:  # noqa: BLE001 - reported by open(); the run is over
             return
         try:
             for _ in range(config.turns_per_conversation):

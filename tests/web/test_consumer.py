@@ -11,6 +11,7 @@ import re
 import threading
 
 import pytest
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connection, transaction
@@ -20,7 +21,7 @@ from assistant import live
 from orchestration.models import Event
 from orchestration.records.events import event_record
 from tests.factories import conversation_for, turn_for
-from tests.sockets import communicator, nothing_but_busy_panels, only_busy_panels
+from tests.sockets import communicator, next_rows, nothing_but_busy_panels, only_busy_panels
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -201,6 +202,36 @@ async def test_live_event_is_pushed_once(trail, alice):
     assert f'id="event-{new.pk}"' in html
     assert html.count(f'id="event-{new.pk}"') == 1
     assert await nothing_but_busy_panels(comm, timeout=0.6)  # the poll does not send it again
+    await comm.disconnect()
+
+
+async def test_a_push_does_not_wait_for_the_thread_the_process_shares(trail, alice, settings):
+    """channels hands every message a consumer receives to the process's one shared sync
+    thread first (`close_old_connections`), and that thread is also where each connecting
+    socket's user is looked up. Under `make load` the hops of every event to every socket
+    queued there, and handshakes waited behind them past daphne's 5 s. These handlers use
+    no connection of that thread: with it busy, an event still reaches the page."""
+    settings.ASSISTANT_SOCKET_POLL_SECONDS = 60  # only the group message can bring the event
+    conversation, turn, events = trail
+    comm = communicator(conversation.pk, alice, last=events[-1].pk)
+    await comm.connect()
+    await comm.receive_from()
+    assert await nothing_but_busy_panels(comm)
+    release = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(release.wait)())  # the shared thread, e.g. a slow user lookup
+
+    def record() -> Event:
+        try:
+            return event_record(type="turn.completed", turn=turn, summary="Turn 1 answered")
+        finally:
+            connection.close()
+
+    try:
+        new = await sync_to_async(record, thread_sensitive=False)()
+        assert f'id="event-{new.pk}"' in await next_rows(comm, timeout=3)
+    finally:
+        release.set()
+        await busy
     await comm.disconnect()
 
 
