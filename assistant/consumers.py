@@ -115,12 +115,12 @@ class ConversationConsumer(AsyncWebsocketConsumer):
 
     async def dispatch(self, message):
         """channels' own, without the `close_old_connections` it runs before every handler.
-        That call is a hop to the process's one shared sync thread, for every message
-        every socket receives; and the same thread looks up each connecting socket's user
-        (channels' AuthMiddleware). Under `make load` the hops queued there, behind a
-        thread the login storm's password hashes starved, and handshakes passed daphne's
-        5 seconds. These handlers use no connection of that thread: their database work
-        runs on assistant/pooled.py's pools, which close their own."""
+        That call is a hop to the process's one shared sync thread and back, for every
+        message every socket receives, queued behind every other socket's hops (and the
+        user lookups of sockets connecting: channels' AuthMiddleware runs there too).
+        These handlers use no connection of that thread: their database work runs on
+        assistant/pooled.py's pools, which close their own. Under `make load` an event
+        then reached its page a third sooner, at p50 and p95 (README, "Load")."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")

@@ -207,10 +207,9 @@ async def test_live_event_is_pushed_once(trail, alice):
 
 async def test_a_push_does_not_wait_for_the_thread_the_process_shares(trail, alice, settings):
     """channels hands every message a consumer receives to the process's one shared sync
-    thread first (`close_old_connections`), and that thread is also where each connecting
-    socket's user is looked up. Under `make load` the hops of every event to every socket
-    queued there, and handshakes waited behind them past daphne's 5 s. These handlers use
-    no connection of that thread: with it busy, an event still reaches the page."""
+    thread first (`close_old_connections`), where every socket's messages queue, and each
+    connecting socket's user lookup. These handlers use no connection of that thread:
+    with it busy, an event still reaches the page."""
     settings.ASSISTANT_SOCKET_POLL_SECONDS = 60  # only the group message can bring the event
     conversation, turn, events = trail
     comm = communicator(conversation.pk, alice, last=events[-1].pk)
