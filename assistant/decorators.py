@@ -20,6 +20,7 @@ def owned_conversation(view):
     @wraps(view)
     def wrapper(request, conversation_id: int, *args, **kwargs):
         conversation = get_object_or_404(Conversation, pk=conversation_id, owner=request.user)
+        conversation.owner = request.user  # it is theirs: no query for it (nor for their preferences) again
         return view(request, conversation, *args, **kwargs)
 
     return wrapper

@@ -59,22 +59,23 @@ def turn_start(*, conversation: Conversation, text: str) -> Turn:
         raise TurnRefused(f"The message cannot be stored: {problem}.")
     try:
         with transaction.atomic():
-            conversation = Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).first()
-            if conversation is None:  # its owner deleted it after the page loaded it
+            locked = Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).first()
+            if locked is None:  # its owner deleted it after the page loaded it
                 raise TurnRefused("This conversation has been deleted.")
-            if conversation.turns.filter(status__in=ACTIVE_TURN_STATUSES).exists():
+            if locked.turns.filter(status__in=ACTIVE_TURN_STATUSES).exists():
                 raise TurnRefused(_BUSY)
-            number = (conversation.turns.aggregate(n=Max("number"))["n"] or 0) + 1
+            number = (locked.turns.aggregate(n=Max("number"))["n"] or 0) + 1
             limits = Limits.from_settings()
             turn = Turn.objects.create(
-                conversation=conversation, number=number, limits=limits.to_json(),
-                prior_window_calls=calls_in_window(conversation.pk, limits),
-                time_zone=user_time_zone(conversation.owner), outside=conversation.outside,
+                conversation=locked, number=number, limits=limits.to_json(),
+                prior_window_calls=calls_in_window(locked.pk, limits),
+                # The owner as the caller has them (a page's request: read with the session).
+                time_zone=user_time_zone(conversation.owner), outside=locked.outside,
             )
             message_append(turn=turn, role=Message.Role.USER, content=text)
-            if not conversation.title:
-                conversation.title = conversation_title(text)
-            conversation.save(update_fields=["title", "updated_at"])
+            if not locked.title:
+                locked.title = conversation_title(text)
+            locked.save(update_fields=["title", "updated_at"])
             event_record(type=TURN_STARTED, turn=turn, summary=f"Turn {number} started", payload={"message": text[:2000]})
             enqueue_orchestrator_step(turn.pk)
     except IntegrityError:  # the partial unique index caught a concurrent start
