@@ -156,8 +156,8 @@ def _timed(workloads, latency, workers, second_cluster, repeat, output, setup, r
         say(_peer_table(peers, results))
     if limited:
         say(ratelimited.table(limited))
-    say("SQL queries per sub-agent step (wide, by agent count; all of a delivery's per model call / "
-        "the engine's in a steady-state step): "
+    say("SQL queries per sub-agent step (wide, by agent count; all of a delivery's per model call, but the "
+        "reads a process makes every so often / the engine's in a steady-state step): "
         + ", ".join(f"{n} agents: {q} / {steady}" for n, (q, steady) in queries.items()))
     report = {"measured_at": now_label(), "machine": _machine(), "setup": setup, "workers": workers,
               "results": results, "queries_per_agent_step": {n: q for n, (q, _) in queries.items()},
