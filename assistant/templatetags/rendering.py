@@ -134,9 +134,14 @@ def _time_zone_options(selected: str) -> SafeString:
     """Built once per zone a process shows (a few: its users' own), not at each visit of
     the conversation list: the template's loop over the picker's four hundred zones was
     most of that page's CPU."""
-    parts = [] if is_picked_zone(selected) else [format_html('<option value="{}" selected>{}</option>', selected, selected)]
+    parts = [] if is_picked_zone(selected) else [_option(selected, selected, selected)]
     for area, zones in time_zone_groups():
-        options = format_html_join("", '<option value="{}"{}>{}</option>', (
-            (name, mark_safe(" selected") if name == selected else "", place) for name, place in zones))
+        options = format_html_join("", "{}", ((_option(name, place, selected),) for name, place in zones))
         parts.append(format_html('<optgroup label="{}">{}</optgroup>', area, options) if area else options)
-    return mark_safe("".join(parts))
+    return format_html_join("", "{}", ((part,) for part in parts))
+
+
+def _option(name: str, place: str, selected: str) -> SafeString:
+    if name == selected:
+        return format_html('<option value="{}" selected>{}</option>', name, place)
+    return format_html('<option value="{}">{}</option>', name, place)
