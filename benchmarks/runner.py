@@ -155,9 +155,9 @@ CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK)", re.I)
 # they made the figure depend on how long the run took (tests/live/test_bench.py failed
 # on a slow machine: 11.7 per call with 2 agents, 11.0 with 8).
 TIME_BOUNDED = re.compile(r'"(orchestration_providercapacity|skills_mcpserver\w*)"')
-# And the skill's own reads (tests/orchestration/test_statement_budget.py says why
+# Those, and the skill's own reads (tests/orchestration/test_statement_budget.py says why
 # neither is the step's).
-NOT_THE_STEPS = re.compile(r'"(skills_task|orchestration_providercapacity|skills_mcpserver\w*)"')
+NOT_THE_STEPS = re.compile(rf'"skills_task"|{TIME_BOUNDED.pattern}')
 
 
 def queries_per_agent_step(*, server: ScriptedLLM, agents: int) -> tuple[float, float]:
