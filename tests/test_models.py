@@ -80,3 +80,24 @@ def test_profile_edit_bumps_version(db):
     profile.save()
     profile.refresh_from_db()
     assert profile.version == 2
+
+
+def test_events_are_written_as_the_orm_would_write_them(turn):
+    """`events_record` writes its own INSERT (orchestration/records/events.py): the rows,
+    their ids and times, read back as saved, in as many statements as the database's
+    parameter limit needs (SQLite's: a batch of 300 events is more than one)."""
+    from orchestration.records.events import events_record
+
+    dispatch = dispatch_for(turn)
+    events = [Event(conversation_id=turn.conversation_id, turn=turn, dispatch=dispatch if n % 2 else None,
+                    type="agent.llm_call", summary=f"step {n}", payload={"n": n, "text": "é \u2028 \"quoted\""})
+              for n in range(300)]
+    with transaction.atomic():
+        events_record(events)
+    stored = {event.pk: event for event in Event.objects.filter(turn=turn)}
+    assert len(stored) == 300 and [e.pk for e in events] == sorted(e.pk for e in events)
+    for event in events:
+        again = stored[event.pk]
+        assert not event._state.adding
+        assert (again.summary, again.payload, again.dispatch_id, again.created_at) == (
+            event.summary, event.payload, event.dispatch_id, event.created_at)

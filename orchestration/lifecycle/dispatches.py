@@ -174,7 +174,7 @@ def dispatch_schedule(turn: Turn, dispatches: list[AgentDispatch] | None = None,
     if turn.status not in WORKING_TURN_STATUSES:
         return []
     if dispatches is None:
-        dispatches = list(turn.dispatches.all())
+        dispatches = list(turn.dispatches.for_schedule())
     by_id = {d.agent_id: d for d in dispatches}
     _skip_unstartable(dispatches, by_id)
     for waiting in [d for d in dispatches if d.state == DispatchState.WAITING]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Coroutine
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from orchestration.models import AgentDispatch, Conversation, Event, Turn
@@ -37,10 +38,7 @@ def group_name(conversation_id: int) -> str:
 
 def event_record(**fields) -> Event:
     """Save one event (`event_new`'s fields) in the caller's transaction."""
-    event = event_new(**fields)
-    event.save(force_insert=True)
-    _publish_after_commit([event])
-    return event
+    return events_record([event_new(**fields)])[0]
 
 
 def event_new(
@@ -66,13 +64,43 @@ def events_record(events: list[Event]) -> list[Event]:
     """Save `events` in one INSERT, published once per conversation after the commit."""
     if not events:
         return []
-    Event.objects.bulk_create(events)
+    _insert(events)
     by_conversation: dict[int, list[Event]] = {}
     for event in events:
         by_conversation.setdefault(event.conversation_id, []).append(event)
     for batch in by_conversation.values():
         _publish_after_commit(batch)
     return events
+
+
+_FIELDS = [Event._meta.get_field(name) for name in
+           ("conversation", "turn", "dispatch", "type", "summary", "payload", "created_at")]
+
+
+def _insert(events: list[Event]) -> None:
+    """`Event.objects.bulk_create(events)`, written out: one INSERT … RETURNING id, the
+    values converted by the fields themselves. Nearly every step of every agent writes
+    its events here; on PostgreSQL, Django builds a batch as arrays (UNNEST) that psycopg
+    escapes in Python, which made this 0.7 ms of CPU a step where this takes 0.2.
+    Events are only ever inserted (no signals, no save())."""
+    connection = transaction.get_connection()
+    quote = connection.ops.quote_name
+    head = (f"INSERT INTO {quote(Event._meta.db_table)} ({', '.join(quote(f.column) for f in _FIELDS)}) VALUES ")
+    row = f"({', '.join(['%s'] * len(_FIELDS))})"
+    now = timezone.now()
+    size = connection.ops.bulk_batch_size(_FIELDS, events)  # SQLite's limit on parameters
+    for start in range(0, len(events), size):
+        batch = events[start:start + size]
+        params = []
+        for event in batch:
+            event.created_at = now
+            params += [field.get_db_prep_save(getattr(event, field.attname), connection) for field in _FIELDS]
+        with connection.cursor() as cursor:
+            cursor.execute(f"{head}{', '.join([row] * len(batch))} RETURNING {quote(Event._meta.pk.column)}", params)
+            ids = cursor.fetchall()
+        for event, (pk,) in zip(batch, ids, strict=True):
+            event.pk = pk
+            event._state.adding, event._state.db = False, connection.alias
 
 
 def _publish_after_commit(events: list[Event]) -> None:

@@ -56,6 +56,25 @@ def test_a_report_ends_the_agent_and_wakes_the_waiting_orchestrator_in_one_commi
     assert not queries.captured_queries
 
 
+def test_an_end_reads_only_what_the_schedule_needs_of_the_other_agents(alice):
+    """The schedule rule reads every agent of the turn at every end: not their runs
+    (transcripts, reports), which grow with the work and were most of an end's CPU."""
+    turn = turn_for(conversation_for(alice), status=TurnStatus.RUNNING)
+    long_run = [{"role": "tool", "content": "x" * 5000}] * 20
+    for name in ("b", "c"):
+        dispatch_for(turn, name, skills=["tasks.search"], depends_on=["a"], transcript=long_run,
+                     context="y" * 5000)
+    agent = claimed(turn, "a")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert agent.store(0, REPORT, duration_ms=300) is None
+    reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")
+             and 'FROM "orchestration_agentdispatch"' in q["sql"]]
+    assert reads and not [sql for sql in reads if '"transcript"' in sql or '"context"' in sql], reads
+    queued = AgentDispatch.objects.filter(turn=turn, agent_id__in=["b", "c"]).values_list("queued_at", flat=True)
+    assert len(queued) == 2 and None not in queued  # the end queued both
+
+
 @pytest.mark.parametrize("status, then", [(TurnStatus.PAUSED, steps.Kind.PAUSE), (TurnStatus.STOPPED, steps.Kind.STOP)])
 def test_a_report_too_late_is_kept_and_ends_nothing(alice, status, then):
     turn = turn_for(conversation_for(alice), status=TurnStatus.RUNNING)
