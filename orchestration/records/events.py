@@ -24,10 +24,10 @@ from collections.abc import Callable, Coroutine
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
-from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from orchestration.models import AgentDispatch, Conversation, Event, Turn
+from orchestration.records.inserts import insert
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def events_record(events: list[Event]) -> list[Event]:
     """Save `events` in one INSERT, published once per conversation after the commit."""
     if not events:
         return []
-    _insert(events)
+    insert(events, EVENT_FIELDS)
     by_conversation: dict[int, list[Event]] = {}
     for event in events:
         by_conversation.setdefault(event.conversation_id, []).append(event)
@@ -73,34 +73,7 @@ def events_record(events: list[Event]) -> list[Event]:
     return events
 
 
-_FIELDS = [Event._meta.get_field(name) for name in
-           ("conversation", "turn", "dispatch", "type", "summary", "payload", "created_at")]
-
-
-def _insert(events: list[Event]) -> None:
-    """`Event.objects.bulk_create(events)`, written out: one INSERT … RETURNING id, the
-    values converted by the fields themselves. Nearly every step of every agent writes
-    its events here; on PostgreSQL, Django builds a batch as arrays (UNNEST) that psycopg
-    escapes in Python, which made this 0.7 ms of CPU a step where this takes 0.2.
-    Events are only ever inserted (no signals, no save())."""
-    connection = transaction.get_connection()
-    quote = connection.ops.quote_name
-    head = (f"INSERT INTO {quote(Event._meta.db_table)} ({', '.join(quote(f.column) for f in _FIELDS)}) VALUES ")
-    row = f"({', '.join(['%s'] * len(_FIELDS))})"
-    now = timezone.now()
-    size = connection.ops.bulk_batch_size(_FIELDS, events)  # SQLite's limit on parameters
-    for start in range(0, len(events), size):
-        batch = events[start:start + size]
-        params = []
-        for event in batch:
-            event.created_at = now
-            params += [field.get_db_prep_save(getattr(event, field.attname), connection) for field in _FIELDS]
-        with connection.cursor() as cursor:
-            cursor.execute(f"{head}{', '.join([row] * len(batch))} RETURNING {quote(Event._meta.pk.column)}", params)
-            ids = cursor.fetchall()
-        for event, (pk,) in zip(batch, ids, strict=True):
-            event.pk = pk
-            event._state.adding, event._state.db = False, connection.alias
+EVENT_FIELDS = ("conversation", "turn", "dispatch", "type", "summary", "payload", "created_at")
 
 
 def _publish_after_commit(events: list[Event]) -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from django.db.models import Max, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.db import connection
+from django.db.models import Q
 
 from orchestration.models import Message, Turn
+from orchestration.records.inserts import insert
 
 ENGINE_NOTE_PREFIX = "[engine note] "
 
@@ -23,15 +24,23 @@ def messages_append(*, turn: Turn, messages: list[dict]) -> list[Message]:
     Their `seq` is numbered by the INSERT itself, after the conversation's last (every row's
     subquery sees the table as the statement began): no read of the last one before. The
     messages returned read their `seq` back only if asked (a deferred field)."""
-    last = Coalesce(Subquery(Message.objects.filter(conversation_id=turn.conversation_id).order_by()
-                             .values("conversation_id").annotate(last=Max("seq")).values("last")), 0)
-    created = Message.objects.bulk_create([
-        Message(conversation_id=turn.conversation_id, turn=turn, seq=last + index, **fields)
-        for index, fields in enumerate(messages, start=1)
-    ])
+    created = [Message(conversation_id=turn.conversation_id, turn=turn, **fields) for fields in messages]
+    insert(created, MESSAGE_FIELDS, computed={"seq": _numbered(turn.conversation_id)})
     for message in created:
-        del message.__dict__["seq"]  # the expression, not the number: loaded when read
+        del message.__dict__["seq"]  # numbered by the statement: loaded when read
     return created
+
+
+MESSAGE_FIELDS = ("conversation", "turn", "seq", "role", "content", "tool_calls", "tool_call_id", "created_at")
+
+
+def _numbered(conversation_id: int):
+    """Each message's `seq`: the conversation's last before the statement, plus its place
+    in the statement (a later statement of a long batch sees the earlier one's rows)."""
+    table, seq, conversation = (connection.ops.quote_name(name) for name in
+                                (Message._meta.db_table, "seq", Message._meta.get_field("conversation").column))
+    last = f"(SELECT COALESCE(MAX({seq}), 0) FROM {table} WHERE {conversation} = %s)"
+    return lambda message, position: (f"{last} + {position + 1:d}", [conversation_id])
 
 
 def llm_messages(*, turn: Turn, system_prompt: str) -> list[dict]:

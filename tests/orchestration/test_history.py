@@ -8,7 +8,7 @@ import pytest
 from django.db.models.signals import post_init
 
 from orchestration.models import Message
-from orchestration.records.history import ENGINE_NOTE_PREFIX, llm_messages, message_append
+from orchestration.records.history import ENGINE_NOTE_PREFIX, llm_messages, message_append, messages_append
 from tests.factories import conversation_for, turn_for
 
 pytestmark = pytest.mark.django_db
@@ -70,3 +70,17 @@ def test_earlier_turns_give_their_questions_and_answers_and_this_turn_everything
     # Read: this turn's four, and each earlier turn's question and its assistant messages
     # (the one with tool calls is dropped in Python); not their tool results or notes.
     assert len(loaded) == 4 + 3 * 3
+
+
+def test_a_batch_is_numbered_after_the_conversation_in_its_order(alice):
+    """`messages_append` numbers its rows in its own INSERT (orchestration/records/inserts.py):
+    after the conversation's last, in order, with no gap, however many statements the
+    database's limit on parameters splits a batch into."""
+    turn = turn_for(conversation_for(alice))
+    message_append(turn=turn, role=Message.Role.USER, content="question")
+    results = [{"role": "tool", "content": f"result {n}", "tool_call_id": f"call_{n}"} for n in range(300)]
+    appended = messages_append(turn=turn, messages=results)
+    assert [m.seq for m in appended] == list(range(2, 302))  # read back: the statement numbered them
+    stored = list(Message.objects.filter(conversation=turn.conversation).order_by("seq"))
+    assert [(m.seq, m.content) for m in stored] == [(1, "question")] + [(n + 2, f"result {n}") for n in range(300)]
+    assert [m.pk for m in appended] == [m.pk for m in stored[1:]]
