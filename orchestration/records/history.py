@@ -39,7 +39,7 @@ def _numbered(conversation_id: int):
     in the statement (a later statement of a long batch sees the earlier one's rows)."""
     table, seq, conversation = (connection.ops.quote_name(name) for name in
                                 (Message._meta.db_table, "seq", Message._meta.get_field("conversation").column))
-    last = f"(SELECT COALESCE(MAX({seq}), 0) FROM {table} WHERE {conversation} = %s)"
+    last = f"(SELECT COALESCE(MAX({seq}), 0) FROM {table} WHERE {conversation} = %s)"  # nosec B608 - names, quoted
     return lambda message, position: (f"{last} + {position + 1:d}", [conversation_id])
 
 

@@ -28,7 +28,9 @@ def insert(objs: Sequence[models.Model], names: Sequence[str], *, computed: dict
     connection = transaction.get_connection()
     quote = connection.ops.quote_name
     fields = [model._meta.get_field(name) for name in names]
-    head = f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) VALUES "
+    # The names come from the model's metadata, quoted; every value is a parameter.
+    columns = ", ".join(quote(field.column) for field in fields)
+    head = f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES "  # nosec B608
     returning = f" RETURNING {quote(model._meta.pk.column)}"
     now = timezone.now()
     size = connection.ops.bulk_batch_size(fields, objs)  # SQLite's limit on parameters
