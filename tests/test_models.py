@@ -83,7 +83,7 @@ def test_profile_edit_bumps_version(db):
 
 
 def test_events_are_written_as_the_orm_would_write_them(turn):
-    """`events_record` writes its own INSERT (orchestration/records/events.py): the rows,
+    """`events_record` writes its own INSERT (orchestration/records/inserts.py): the rows,
     their ids and times, read back as saved, in as many statements as the database's
     parameter limit needs (SQLite's: a batch of 300 events is more than one)."""
     from orchestration.records.events import events_record

@@ -23,6 +23,8 @@ def insert(objs: Sequence[models.Model], names: Sequence[str], *, computed: dict
     or as `computed` says (one parameter at most, so that a batch stays within the
     database's limit on them); auto_now_add fields take now. Each object gets its id,
     in as few statements as that limit allows, inside the caller's transaction."""
+    if not objs:
+        return
     model = type(objs[0])
     computed = computed or {}
     connection = transaction.get_connection()
