@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import resource
 import statistics
 import time
@@ -22,6 +21,7 @@ from orchestration.lifecycle.turns import turn_start
 from orchestration.models import AgentDispatch, Conversation, Event, SkillExecution, Turn, TurnStatus
 from tests.support.llm_server import ScriptedLLM, agent_of
 from tests.support.processes import Cluster, pss_mb
+from tests.support.statements import CONTROL, NOT_THE_STEPS, TIME_BOUNDED
 
 FINAL = (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.STOPPED, TurnStatus.PAUSED)
 SOCKET_SETTLE_SECONDS = 20.0  # after the last turn, for the sockets to have every event
@@ -147,17 +147,6 @@ def _skill_seconds(turn: Turn) -> dict[str, float]:
 def _bench_user(index: int):
     user, _ = get_user_model().objects.get_or_create(username=f"bench-{index:02d}")
     return user
-
-
-CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK)", re.I)
-# Reads a process makes at most every so often, however many calls it makes: the
-# limiter's of an unmetered model's row, the MCP servers configured. Counted per call
-# they made the figure depend on how long the run took (tests/live/test_bench.py failed
-# on a slow machine: 11.7 per call with 2 agents, 11.0 with 8).
-TIME_BOUNDED = re.compile(r'"(orchestration_providercapacity|skills_mcpserver\w*)"')
-# Those, and the skill's own reads (tests/orchestration/test_statement_budget.py says why
-# neither is the step's).
-NOT_THE_STEPS = re.compile(rf'"skills_task"|{TIME_BOUNDED.pattern}')
 
 
 def queries_per_agent_step(*, server: ScriptedLLM, agents: int) -> tuple[float, float]:

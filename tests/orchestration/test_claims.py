@@ -8,7 +8,6 @@ answer start in one claim."""
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pytest
 from django.db import connection
@@ -21,9 +20,9 @@ from orchestration.engine.agent import Agent
 from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.models import AgentDispatch, DispatchState, Event, Turn, TurnStatus
 from tests.factories import conversation_for, dispatch_for, turn_for
+from tests.support.statements import CONTROL
 
 pytestmark = pytest.mark.django_db(transaction=True)
-CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK|COMMIT)", re.I)
 
 
 def statements(queries: CaptureQueriesContext) -> list[str]:

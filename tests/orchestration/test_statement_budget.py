@@ -3,13 +3,9 @@ guards theirs): a step that gains a statement fails here, so the change that add
 so in its diff, with the budget raised beside it.
 
 Counted on the worker's connection between one model request and the next, inline
-(django-q2 sync), against the scripted model server; transaction control (BEGIN,
-SAVEPOINT) apart. Not the engine's step: the skill handler's own reads (tasks.search reads
-two statements of skills_task), and the provider limiter's read of an unmetered model's
-row in the database (at most one per process every UNMETERED_SECONDS, whatever the
-number of steps; none with Redis: orchestration/llm/capacity/stores.py), and the read of
-the MCP servers configured (at most one per process every ASSISTANT_MCP_CONFIG_SECONDS:
-skills/mcp/config.py).
+(django-q2 sync), against the scripted model server; transaction control apart, and what
+is not the engine's step (the skill handler's own reads, the reads a process makes every
+so often whatever its steps): tests/support/statements.py, which the bench counts by too.
 """
 
 from __future__ import annotations
@@ -25,12 +21,11 @@ from orchestration.budgets.spending import spend_periods_start
 from orchestration.lifecycle.turns import turn_start
 from tests.factories import conversation_for
 from tests.support.llm_server import Agent, Plan, agent_of
+from tests.support.statements import CONTROL, NOT_THE_STEPS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SEARCH = ("tasks.search", {"status": "open"})
-CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK)", re.I)
-NOT_THE_STEPS = re.compile(r'"(skills_task|orchestration_providercapacity|skills_mcpserver\w*)"')
 
 # The budgets. Raise one only with the feature that needs it, and say so in its diff.
 AGENT_STEP = 4  # answer, the turn's counters (and the lease), the calls run ahead, the events

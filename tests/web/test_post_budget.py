@@ -13,17 +13,15 @@ workers)."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from django.db import connection
 from django.urls import reverse
 
 from tests.factories import conversation_for
+from tests.support.statements import CONTROL
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the post commits, and queues its turn then
 
-CONTROL = re.compile(r"^\s*(BEGIN|SAVEPOINT|RELEASE|ROLLBACK|COMMIT)", re.I)
 # Raise one only with the feature that needs it, and say so in its diff.
 MESSAGE_POST = {"sqlite": 17, "postgresql": 19}  # 19 and 21 until the owner was read again for the turn's zone
 
