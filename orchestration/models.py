@@ -331,7 +331,7 @@ class AgentDispatchQuerySet(models.QuerySet):
         one's whole row, its transcript and report included, was most of an agent's end.
         A rarer path that reads another column (a skip's event) loads it then."""
         return self.only("turn_id", "parent_id", "agent_id", "state", "outcome", "depends_on", "awaiting",
-                         "queued_at")
+                         "queued_at", "started_at")
 
 
 class AgentDispatch(models.Model):

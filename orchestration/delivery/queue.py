@@ -8,14 +8,21 @@ delivery starts with a conditional-update claim, so a second one does nothing.
 
 Enqueueing stamps `queued_at` (the claim clears it); the reaper's one rule queues work
 again once its stamp is a lease old and nobody claimed it (its task lost with a killed
-cluster). What runs a delivery is registered here by worker/tasks.py, which knows the
-engine: the engine's bookkeeping can enqueue without importing the engine back.
+cluster).
+
+Work that becomes ready inside a runner and begins on it is claimed in the transaction
+that made it ready (`here_share`, `begin_here`): no queue, no stamp, and no claim of its
+own, which was a commit of its own between a hand-off and the next model call.
+
+What runs a delivery is registered here by worker/tasks.py, which knows the engine: the
+engine's bookkeeping can enqueue without importing the engine back.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -31,8 +38,18 @@ TASKS = {ORCHESTRATOR: "orchestration.worker.tasks.orchestrator_step",
          AGENT: "orchestration.worker.tasks.subagent_run"}
 # One task for a shared wave's part: (kind, ids), begun together where it is taken.
 PART_TASK = "orchestration.worker.tasks.part_run"
-# kind → the coroutine that runs one delivery (worker/tasks.py registers them)
-JOBS: dict[str, Callable[[int], Awaitable[None]]] = {}
+# kind → the coroutine that runs one delivery (worker/tasks.py registers them): of an id,
+# or of work claimed already (`Claimed`)
+JOBS: dict[str, Callable[[int | Claimed], Awaitable[None]]] = {}
+
+
+class Claimed(NamedTuple):
+    """Work claimed for this process's runner in the transaction that made it ready: its
+    delivery begins with this lease, and claims nothing (engine/loop.py)."""
+
+    item_id: int
+    token: str
+    counted: bool = False  # an agent's first model call is counted against the turn's cap
 
 
 def enqueue_orchestrator_step(turn_id: int, *, stamped: bool = False) -> None:
@@ -52,6 +69,29 @@ def enqueue_subagents(dispatch_ids: list[int]) -> None:
     transaction.on_commit(lambda: deliver_all(AGENT, list(dispatch_ids)))
 
 
+def here_share(kind: str, ready: int) -> int:
+    """How many of `ready` pieces of work, becoming ready in the caller's transaction,
+    begin on this process's runner, claimed in that transaction (`begin_here`): its
+    share of them (`share_here`), as far as it has room; none outside a runner."""
+    here = runner.current()
+    if here is None or kind not in JOBS or here.draining:
+        return 0
+    return min(share_here(here.in_flight, ready), here.room())
+
+
+def begin_here(kind: str, claimed: list[Claimed]) -> None:
+    """Begin work the caller's transaction claimed for this runner, once it commits."""
+    here = runner.current()
+    transaction.on_commit(lambda: here.start_claimed(JOBS[kind], claimed))
+
+
+def enqueue_parts(kind: str, item_ids: list[int], part: int) -> None:
+    """Queue the rest of a wave whose share was begun here: each other share as one task
+    (begun together where it is taken), stamped now and sent after the commit."""
+    AgentDispatch.objects.filter(pk__in=item_ids).update(queued_at=timezone.now())
+    transaction.on_commit(lambda: _queue_parts(kind, list(item_ids), part))
+
+
 def deliver(kind: str, item_id: int) -> None:
     """On this process's runner if it has a slot free now, else through the queue."""
     deliver_all(kind, [item_id])
@@ -68,10 +108,14 @@ def deliver_all(kind: str, item_ids: list[int]) -> None:
     else:
         share = share_here(here.in_flight, len(item_ids))
         queued = here.start_all(job, item_ids[:share])
-        for start in range(share, len(item_ids), share):  # a part for each other worker
-            async_task(PART_TASK, kind, item_ids[start:start + share])
+        _queue_parts(kind, item_ids[share:], share)
     for item_id in queued:
         async_task(TASKS[kind], item_id)
+
+
+def _queue_parts(kind: str, item_ids: list[int], part: int) -> None:
+    for start in range(0, len(item_ids), part):  # a part for each other worker
+        async_task(PART_TASK, kind, item_ids[start:start + part])
 
 
 def share_here(in_flight: int, ready: int) -> int:

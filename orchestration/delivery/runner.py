@@ -57,7 +57,7 @@ HEALTH_CHECK_IDLE_SECONDS = 5.0
 # hand-backs (one short transaction each) may take.
 HAND_BACK_SECONDS = 10.0
 
-Job = Callable[[int], Awaitable[None]]
+Job = Callable[..., Awaitable[None]]  # of an id, or of work claimed already (delivery/queue.py)
 
 
 class Runner:
@@ -109,20 +109,35 @@ class Runner:
             self._begin(job, started)
         return item_ids[len(started):]
 
-    def _begin(self, job: Job, item_ids: list[int]) -> None:
-        """Count in work whose slots are taken, and create its tasks on the loop."""
+    def room(self) -> int:
+        """How much more work it would begin now (advisory: `start_claimed`)."""
+        return 0 if self.draining else max(0, self.capacity - self.in_flight)
+
+    def start_claimed(self, job: Job, items: list) -> None:
+        """Begin work claimed for this runner in a transaction that has just committed
+        (delivery/queue.py `begin_here`), all in one turn of the loop. It is begun
+        whatever happened since that transaction found room: a slot taken meanwhile by a
+        task, or the process beginning to drain. The work already holds its lease, and
+        left waiting it would only wait for the reaper; over the capacity it is
+        counted in without a slot, and a drain hands it back at its next step."""
+        slotted = [self._slots.acquire(blocking=False) for _ in items]
+        self._begin(job, items, slotted)
+
+    def _begin(self, job: Job, item_ids: list, slotted: list[bool] | None = None) -> None:
+        """Count in work (its slots taken, unless `slotted` says not), and create its
+        tasks on the loop."""
         with self._lock:
             self.in_flight += len(item_ids)
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        self.loop.call_soon_threadsafe(self._create_tasks, job, item_ids)
+        self.loop.call_soon_threadsafe(self._create_tasks, job, item_ids, slotted or [True] * len(item_ids))
 
-    def _create_tasks(self, job: Job, item_ids: list[int]) -> None:
-        for item_id in item_ids:
-            task = self.loop.create_task(self._run(job, item_id))
+    def _create_tasks(self, job: Job, item_ids: list, slotted: list[bool]) -> None:
+        for item_id, slot in zip(item_ids, slotted):
+            task = self.loop.create_task(self._run(job, item_id, slot))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, job: Job, item_id: int) -> None:
+    async def _run(self, job: Job, item_id, slot: bool) -> None:
         try:
             await job(item_id)
         except asyncio.CancelledError:
@@ -130,7 +145,8 @@ class Runner:
         except Exception:  # the job's own handlers record what went wrong; this is a bug
             logger.exception("Runner: %s(%s) failed", getattr(job, "__qualname__", job), item_id)
         finally:
-            self._slots.release()
+            if slot:
+                self._slots.release()
             with self._lock:
                 self.in_flight -= 1
                 self._idle.notify_all()

@@ -38,6 +38,7 @@ from orchestration.budgets.spending import (
 )
 from orchestration.delivery import runner
 from orchestration.delivery.leases import VERIFIED_SECONDS, LeaseLost, lease_until, new_token
+from orchestration.delivery.queue import Claimed
 from orchestration.engine import steps
 from orchestration.engine.delegation import (
     can_delegate,
@@ -193,26 +194,30 @@ class Agent:
         claimed = {pk: agent for pk in dispatch_ids if pk not in ready and (agent := cls.claim(pk)) is not None}
         if not ready:
             return claimed
-        now = timezone.now()
-        values = {pk: {"lease_token": new_token(), "deadline_at": now + timedelta(
-            seconds=Limits.from_json(dispatch.turn.limits).agent_timeout_seconds)} for pk, dispatch in ready.items()}
         with transaction.atomic():
-            moved = lifecycle.transition_each(
-                values, source=DispatchState.CREATED, target=DispatchState.RUNNING,
-                lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None, awaiting={}, started_at=now)
-            started = [ready[pk] for pk in dispatch_ids if pk in moved]
-            for dispatch in started:
-                dispatch.state, dispatch.awaiting, dispatch.started_at = DispatchState.RUNNING, {}, now
-                dispatch.lease_token, dispatch.deadline_at = values[dispatch.pk]["lease_token"], values[dispatch.pk]["deadline_at"]
-            events_record([event_new(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
-                                     payload={"sub_agent_id": dispatch.agent_id}) for dispatch in started])
-            counted = _first_calls_reserve(started)
+            started, counted = lifecycle.agents_start([ready[pk] for pk in dispatch_ids if pk in ready])
+        return claimed | cls._begun(started, {dispatch.pk: counted for dispatch in started})
+
+    @classmethod
+    def adopt_many(cls, claimed: list[Claimed]) -> dict[int, Agent]:
+        """Agents claimed for this runner by the transaction that made them ready
+        (lifecycle.agents_deliver): their rows read in one statement, and nothing
+        written; one that is no longer running under its lease (stopped since) is left."""
+        items = {item.item_id: item for item in claimed}
+        rows = (AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
+                .filter(pk__in=items, state=DispatchState.RUNNING))
+        started = [dispatch for dispatch in rows if dispatch.lease_token == items[dispatch.pk].token]
+        return cls._begun(started, {pk: item.counted for pk, item in items.items()})
+
+    @classmethod
+    def _begun(cls, started: list[AgentDispatch], counted: dict[int, bool]) -> dict[int, Agent]:
+        """Agents whose first start was just claimed, their owner's caps read once."""
         owners = {dispatch.turn.conversation.owner_id: dispatch.turn.conversation.owner for dispatch in started}
         caps = {pk: caps_for(owner) for pk, owner in owners.items()}  # read once, as each delivery would
         claimed_at = time.monotonic()
-        return claimed | {dispatch.pk: cls(
+        return {dispatch.pk: cls(
             dispatch=dispatch, token=dispatch.lease_token, first_start=True, renewed_at=claimed_at,
-            verified_at=claimed_at, counted=counted, label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})",
+            verified_at=claimed_at, counted=counted[dispatch.pk], label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})",
             spend=SpendMeter(owners[dispatch.turn.conversation.owner_id],
                              caps=caps[dispatch.turn.conversation.owner_id])) for dispatch in started}
 

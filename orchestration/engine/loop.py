@@ -53,6 +53,7 @@ from orchestration.budgets.spending import prompt_estimate
 from orchestration.delivery import runner
 from orchestration.delivery.dbretry import Retrying, is_transient
 from orchestration.delivery.leases import LeaseLost
+from orchestration.delivery.queue import Claimed
 from orchestration.engine import steps
 from orchestration.engine.retries import complete_retrying
 from orchestration.engine.steps import Kind, Next
@@ -75,6 +76,9 @@ class Work(Protocol):
     @classmethod
     def claim(cls, item_id: int) -> Work | None: ...  # one transaction
 
+    @classmethod
+    def adopt_many(cls, claimed: list[Claimed]) -> dict[int, Work]: ...  # claimed already: read, write nothing
+
     def load(self) -> None: ...  # (re)build the run from the store: messages, counters
     def replayed(self, step: int) -> LLMResponse | None: ...  # the answer stored for `step`
     def check(self) -> Next | None: ...  # still ours, and wanted? (renews the lease)
@@ -95,10 +99,12 @@ class Work(Protocol):
     def end(self, next_step: Next) -> None: ...  # write how this delivery ended
 
 
-async def run(role, item_id: int) -> None:
+async def run(role, item: int | Claimed) -> None:
     """One delivery: claim the work (a role's `claim` returns None when it is not ours to
-    run) and run it until it ends, waits, pauses or goes elsewhere."""
-    work: Work | None = await _claim(role, item_id)
+    run), or take it up as claimed by the transaction that made it ready on this runner
+    (delivery/queue.py `Claimed`), and run it until it ends, waits, pauses or goes
+    elsewhere."""
+    work: Work | None = await _claim(role, item)
     if work is None:
         return
     try:
@@ -116,29 +122,33 @@ async def run(role, item_id: int) -> None:
         await db_retrying(work.settle_up)  # the calls were made, whoever holds the work now
 
 
-async def _claim(role, item_id: int) -> Work | None:
-    """`role.claim(item_id)`; for a role that can claim several at once (`claim_many`),
-    together with the other deliveries of it that begin in the same turn of the loop
-    (the runner begins work that became ready together so: delivery/runner.py)."""
+async def _claim(role, item: int | Claimed) -> Work | None:
+    """`role.claim(item_id)`, or for work claimed already `role.adopt_many`; for a role
+    that can claim several at once (`claim_many`), together with the other deliveries of
+    it that begin in the same turn of the loop (the runner begins work that became ready
+    together so: delivery/runner.py)."""
+    claimed = isinstance(item, Claimed)
     if not hasattr(role, "claim_many"):
-        return await db_retrying(role.claim, item_id)
+        return role.adopt_many([item]).get(item.item_id) if claimed else await db_retrying(role.claim, item)
+    many = role.adopt_many if claimed else role.claim_many
     loop = asyncio.get_running_loop()
     batches = _claiming.setdefault(loop, {})
-    if role not in batches:
-        batches[role] = []
-        loop.call_soon(lambda: loop.create_task(_claim_batch(role, batches.pop(role))))
-    claimed = loop.create_future()
-    batches[role].append((item_id, claimed))
-    return await claimed
+    if many not in batches:
+        batches[many] = []
+        loop.call_soon(lambda: loop.create_task(_claim_batch(many, batches.pop(many))))
+    found = loop.create_future()
+    batches[many].append((item, found))
+    return await found
 
 
-# loop → role → the (item id, future) of the claims asked in this turn of the loop
+# loop → a role's claim_many or adopt_many → the (item, future) of the claims asked in this
+# turn of the loop
 _claiming: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-async def _claim_batch(role, waiting: list[tuple[int, asyncio.Future]]) -> None:
+async def _claim_batch(many, waiting: list[tuple[int | Claimed, asyncio.Future]]) -> None:
     try:
-        claimed = await db_retrying(role.claim_many, [item_id for item_id, _ in waiting])
+        claimed = await db_retrying(many, [item for item, _ in waiting])
     except BaseException as exc:
         for _, future in waiting:
             if not future.done():
@@ -146,9 +156,9 @@ async def _claim_batch(role, waiting: list[tuple[int, asyncio.Future]]) -> None:
         if isinstance(exc, asyncio.CancelledError):
             raise
         return
-    for item_id, future in waiting:
+    for item, future in waiting:
         if not future.done():
-            future.set_result(claimed.get(item_id))
+            future.set_result(claimed.get(item.item_id if isinstance(item, Claimed) else item))
 
 
 async def _steps_retrying(work: Work) -> Next:

@@ -88,6 +88,16 @@ class Orchestrator:
         orchestrator.verified_at = time.monotonic()  # its lease just taken: the first call need not ask again
         return orchestrator
 
+    @classmethod
+    def adopt_many(cls, claimed: list) -> dict[int, Orchestrator]:
+        """Turns claimed for this runner by the UPDATE that woke them (their last agent's
+        end: lifecycle.orchestrator_wake_if_ready): nothing to read or write."""
+        adopted = {}
+        for item in claimed:
+            adopted[item.item_id] = orchestrator = cls(item.item_id, item.token)
+            orchestrator.verified_at = time.monotonic()
+        return adopted
+
     def load(self) -> None:
         self.stored = None
         self.turn = Turn.objects.select_related("conversation__owner").get(pk=self.turn_id)

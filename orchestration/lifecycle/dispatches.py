@@ -18,12 +18,17 @@ in any way, `turn_dispatches_close` closes every dispatch it has.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import Case, CharField, Count, Exists, F, OuterRef, Sum, Value, When
 from django.utils import timezone
 
-from orchestration.delivery.queue import enqueue_orchestrator_step, enqueue_subagents
+from orchestration.budgets.limits import Limits
+from orchestration.budgets.spending import agent_calls_reserve
+from orchestration.delivery import queue
+from orchestration.delivery.leases import lease_until, new_token
+from orchestration.delivery.queue import Claimed, enqueue_orchestrator_step, enqueue_subagents
 from orchestration.models import (
     WORKING_TURN_STATUSES,
     AgentDispatch,
@@ -33,7 +38,7 @@ from orchestration.models import (
     Turn,
     TurnStatus,
 )
-from orchestration.records.catalogue import AGENT_CLOSED
+from orchestration.records.catalogue import AGENT_CLOSED, AGENT_STARTED
 from orchestration.records.events import event_new, events_record
 from skills.provenance import merged  # noqa: F401 (the engine calls it lifecycle.merged)
 
@@ -121,7 +126,7 @@ def transition_each(values: dict[int, dict], *, source: str, target: str, **fiel
     `lease_token`, each its own: that is how the moved ones are told apart when some
     were moved by someone else first (one more statement, then)."""
     sources = _checked(AGENT_TRANSITIONS, source, target)
-    names = {name for row in values.values() for name in row}
+    names = sorted({name for row in values.values() for name in row})  # the same statement each time
     cases = {name: Case(*[When(pk=pk, then=Value(row[name])) for pk, row in values.items()],
                         output_field=AgentDispatch._meta.get_field(name)) for name in names}
     moved = AgentDispatch.objects.filter(pk__in=values, state__in=sources).update(state=target, **cases, **fields)
@@ -189,11 +194,54 @@ def dispatch_schedule(turn: Turn, dispatches: list[AgentDispatch] | None = None,
     started = [d for d in dispatches if d.state == DispatchState.CREATED and unqueued(d.queued_at)
                and all(succeeded(by_id[dep]) for dep in d.depends_on)]
     if started:
-        enqueue_subagents([d.pk for d in started])
+        agents_deliver(started)
     orchestrator_wake_if_ready(turn, dispatches)
     if turn.status == TurnStatus.RUNNING and not turn.lease_token and unqueued(turn.queued_at):
         enqueue_orchestrator_step(turn.pk)
     return started
+
+
+def agents_deliver(ready: list[AgentDispatch]) -> None:
+    """Put agents that can run on their way: this runner's share of their first starts
+    begins here, claimed in the caller's transaction (`agents_start`), and the rest is
+    queued, each other share as one task (delivery/queue.py)."""
+    here = queue.here_share(queue.AGENT, len(ready))
+    firsts = [d for d in ready if d.started_at is None][:here]
+    started, counted = agents_start(firsts) if firsts else ([], False)
+    if started:
+        queue.begin_here(queue.AGENT, [Claimed(d.pk, d.lease_token, counted) for d in started])
+    begun = {d.pk for d in started}
+    rest = [d.pk for d in ready if d.pk not in begun]
+    if rest and begun:
+        queue.enqueue_parts(queue.AGENT, rest, len(begun))
+    elif rest:
+        enqueue_subagents(rest)
+
+
+def agents_start(ready: list[AgentDispatch]) -> tuple[list[AgentDispatch], bool]:
+    """created → running, the first start of each of `ready` (their turns' rows at hand),
+    together and in the caller's transaction: one UPDATE (each its own lease), their
+    events, and their first model calls counted against the turn's cap in one UPDATE
+    when they are one turn's and all fit (else each counts its own before its call).
+    The ones it started (another delivery may have moved one first), and whether their
+    first calls are counted."""
+    now = timezone.now()
+    values = {d.pk: {"lease_token": new_token(), "deadline_at": now + timedelta(
+        seconds=Limits.from_json(d.turn.limits).agent_timeout_seconds)} for d in ready}
+    moved = transition_each(values, source=DispatchState.CREATED, target=DispatchState.RUNNING,
+                            lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None, awaiting={},
+                            started_at=now)
+    started = [d for d in ready if d.pk in moved]
+    for dispatch in started:
+        dispatch.state, dispatch.awaiting, dispatch.started_at, dispatch.queued_at = (
+            DispatchState.RUNNING, {}, now, None)
+        dispatch.lease_token, dispatch.deadline_at = values[dispatch.pk]["lease_token"], values[dispatch.pk]["deadline_at"]
+    events_record([event_new(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
+                             payload={"sub_agent_id": dispatch.agent_id}) for dispatch in started])
+    turns = {dispatch.turn_id: dispatch.turn for dispatch in started}
+    counted = len(turns) == 1 and agent_calls_reserve(
+        turn_id=started[0].turn_id, limits=Limits.from_json(started[0].turn.limits), count=len(started))
+    return started, counted
 
 
 def _skip_unstartable(dispatches: list[AgentDispatch], by_id: dict[str, AgentDispatch]) -> None:
@@ -246,8 +294,9 @@ def _open_descendants(dispatch: AgentDispatch) -> list[AgentDispatch]:
 
 
 def orchestrator_wake_if_ready(turn: Turn, dispatches: list[AgentDispatch] | None = None) -> bool:
-    """If the orchestrator waits and every awaited agent is terminal, wake it once.
-    (`dispatches`: the turn's, as read under its lock.)"""
+    """If the orchestrator waits and every awaited agent is terminal, wake it once: on
+    this process's runner when it has room, claimed by the UPDATE that wakes it, else
+    queued. (`dispatches`: the turn's, as read under its lock.)"""
     if turn.status != TurnStatus.WAITING:
         return False
     awaited = set(turn.awaiting.get("agent_ids") or [])
@@ -255,12 +304,17 @@ def orchestrator_wake_if_ready(turn: Turn, dispatches: list[AgentDispatch] | Non
         dispatches = list(turn.dispatches.filter(agent_id__in=awaited))
     if any(d.agent_id in awaited and not is_terminal(d) for d in dispatches):
         return False
-    now = timezone.now()
-    if turn_move(turn.pk, source=TurnStatus.WAITING, target=TurnStatus.RUNNING, queued_at=now):
+    here = queue.here_share(queue.ORCHESTRATOR, 1) > 0  # it begins here, claimed by the UPDATE that wakes it
+    token = new_token() if here else ""
+    held = {"lease_expires_at": lease_until(), "queued_at": None} if here else {"queued_at": timezone.now()}
+    if not turn_move(turn.pk, source=TurnStatus.WAITING, target=TurnStatus.RUNNING, lease_token=token, **held):
+        return False
+    if here:
+        queue.begin_here(queue.ORCHESTRATOR, [Claimed(turn.pk, token)])
+    else:
         enqueue_orchestrator_step(turn.pk, stamped=True)
-        turn.status, turn.queued_at = TurnStatus.RUNNING, now
-        return True
-    return False
+    turn.status, turn.lease_token, turn.queued_at = TurnStatus.RUNNING, token, held["queued_at"]
+    return True
 
 
 # --- giving back: pauses, hand-backs, crashes -------------------------------------------

@@ -15,7 +15,7 @@ from django.conf import settings
 from django_q.tasks import async_task
 
 from orchestration.delivery import runner
-from orchestration.delivery.queue import AGENT, JOBS, ORCHESTRATOR, TASKS
+from orchestration.delivery.queue import AGENT, JOBS, ORCHESTRATOR, TASKS, Claimed
 from orchestration.engine import loop
 from orchestration.engine.agent import Agent
 from orchestration.engine.orchestrator import Orchestrator
@@ -26,8 +26,8 @@ ROLES = {ORCHESTRATOR: Orchestrator, AGENT: Agent}
 def _job(kind: str):
     role = ROLES[kind]
 
-    async def job(item_id: int) -> None:
-        await loop.run(role, item_id)
+    async def job(item: int | Claimed) -> None:
+        await loop.run(role, item)
 
     job.__qualname__ = f"run[{kind}]"
     return job

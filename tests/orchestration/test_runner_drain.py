@@ -47,3 +47,28 @@ def test_a_call_that_outlasts_the_window_is_cut_short_and_hands_back_at_once(mon
     assert sorted(handed_back) == [(1, True), (2, True)]
     assert runner.in_flight == 0
     assert not runner.start(job, 3, wait=0)  # and it takes no new work
+
+
+def test_work_claimed_for_a_full_runner_begins_all_the_same_and_frees_no_slot_it_did_not_take():
+    """Work claimed for a runner by the transaction that made it ready (delivery/queue.py
+    `begin_here`) holds its lease: left waiting for a slot taken meanwhile, it would only
+    wait for the reaper. So it begins over the capacity, and the slots stay as many."""
+    runner = Runner(capacity=1, db_threads=1, skill_threads=1)
+    release, ran = threading.Event(), []
+
+    async def holding(item_id: int) -> None:
+        await asyncio.to_thread(release.wait, 5)
+
+    async def claimed(item) -> None:
+        ran.append(item)
+
+    assert runner.start(holding, 1, wait=0) and runner.room() == 0
+    runner.start_claimed(claimed, [("a", "token")])
+    deadline = time.monotonic() + 5
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == [("a", "token")]
+    release.set()
+    runner.drain(finish_within=5, call_within=1)
+    assert runner.in_flight == 0
+    assert runner._slots.acquire(blocking=False) and not runner._slots.acquire(blocking=False)  # still one

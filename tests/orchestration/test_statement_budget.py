@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 
+import orchestration.worker.tasks  # noqa: F401 (registers the runner's jobs)
 from orchestration.budgets.spending import spend_periods_start
+from orchestration.delivery import runner as runner_module
+from orchestration.delivery.runner import Runner
 from orchestration.lifecycle.turns import turn_start
+from orchestration.models import Turn
 from tests.factories import conversation_for
 from tests.support.llm_server import Agent, Plan, agent_of
 from tests.support.statements import CONTROL, NOT_THE_STEPS
@@ -35,6 +41,11 @@ HANDOFF = 13  # the dependency's report (stored with its end) → the dependent'
 HANDOFF_COMMITS = 2  # the report with the end, then the dependent's claim
 DISPATCH = 17  # the orchestrator's dispatch answer → its first agent's first request
 DISPATCH_COMMITS = 3  # the answer, the dispatches created (the turn's read once), the agent's claim
+# On a worker's runner, work that becomes ready there is claimed by the transaction that
+# made it ready (lifecycle.agents_deliver, orchestrator_wake_if_ready): no claim of its own.
+RUNNER_DISPATCH = 9  # the dispatch answer's transaction: 7, and the claim's UPDATE and events (counted calls in 1)
+RUNNER_HANDOFF = 9  # the report with its end (7), and the dependent's claim's UPDATE and event
+RUNNER_WAKE = 7  # the last report with its end: the UPDATE that wakes the orchestrator claims it
 
 
 class Segments:
@@ -53,14 +64,17 @@ class Segments:
         return self.plan(request)
 
     def statement(self, execute, sql, params, many, context):
-        if not CONTROL.match(sql) and not NOT_THE_STEPS.search(sql):
-            self.segments[-1]["sql"].append(sql)
+        self.note(sql)
         return execute(sql, params, many, context)
 
+    def note(self, sql: str) -> None:
+        if not CONTROL.match(sql) and not NOT_THE_STEPS.search(sql):
+            self.segments[-1]["sql"].append(sql)
+
     def commit(self, commit):
-        def counted():
+        def counted(*args):
             self.segments[-1]["commits"] += 1
-            return commit()
+            return commit(*args)
         return counted
 
     def before(self, who: str) -> list[dict]:
@@ -82,6 +96,66 @@ def measure(llm, inline_tasks, alice, monkeypatch):
         return segments
 
     return run
+
+
+class Transactions:
+    """The statements of each transaction committed, on whichever thread (a statement
+    outside one is a transaction of its own)."""
+
+    def __init__(self):
+        self.open: dict[int, list[str]] = {}
+        self.committed: list[list[str]] = []
+
+    def note(self, db, sql: str) -> None:
+        if CONTROL.match(sql) or NOT_THE_STEPS.search(sql):
+            return
+        if db.in_atomic_block:
+            self.open.setdefault(threading.get_ident(), []).append(sql)
+        else:
+            self.committed.append([sql])
+
+    def commit(self, commit):
+        def counted(db):
+            self.committed.append(self.open.pop(threading.get_ident(), []))
+            return commit(db)
+        return counted
+
+    def having(self, pattern: re.Pattern) -> list[list[str]]:
+        return [sql for sql in self.committed if any(pattern.search(one) for one in sql)]
+
+
+@pytest.fixture
+def on_runner(llm, alice, monkeypatch, settings):
+    """Run a turn with its work on a real runner in this process, as a qcluster worker
+    runs it (its database threads, each with its connection), and every transaction
+    committed on any thread recorded."""
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "workers": 1}  # no other process to share with
+    runner = Runner(capacity=8, db_threads=2, skill_threads=1)
+    monkeypatch.setattr(runner_module, "_runner", runner)
+
+    def run(plan: Plan) -> Transactions:
+        spend_periods_start(user=alice, now=timezone.now())
+        transactions = Transactions()
+        llm.respond = plan
+        execute = CursorWrapper._execute_with_wrappers
+
+        def noted(cursor, sql, params, many, executor):
+            transactions.note(cursor.db, sql)
+            return execute(cursor, sql, params, many, executor)
+
+        monkeypatch.setattr(CursorWrapper, "_execute_with_wrappers", noted)
+        wrapper = type(connections["default"])
+        monkeypatch.setattr(wrapper, "commit", transactions.commit(wrapper.commit))
+        turn = turn_start(conversation=conversation_for(alice), text="count statements")
+        deadline = time.monotonic() + 30
+        while Turn.objects.get(pk=turn.pk).status != "completed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        turn.refresh_from_db()
+        assert turn.status == "completed", (turn.status, turn.error)
+        return transactions
+
+    yield run
+    runner.drain(finish_within=5, call_within=1)
 
 
 def shown(segment: dict) -> str:
@@ -120,3 +194,28 @@ def _between(segments: Segments, asked: str, then: str) -> list[dict]:
     """The segments that `asked`'s answer began and `then`'s request ended."""
     return [segments.segments[i] for i in range(len(segments.segments) - 1)
             if segments.segments[i]["who"] == asked and segments.segments[i + 1]["who"] == then]
+
+
+CREATED = re.compile(r'^INSERT INTO "orchestration_agentdispatch"')
+STARTED = re.compile(r'^UPDATE "orchestration_agentdispatch" SET "state" = %s, "\w+" = CASE')  # agents_start
+ENDED = re.compile(r'^UPDATE "orchestration_agentdispatch" SET "state" = %s, "outcome" = %s')  # _finish
+WOKEN = re.compile(r'^UPDATE "orchestration_turn" SET "status" = %s, "lease_token" = %s')  # claimed as it wakes
+TURN_CLAIMED = re.compile(r'^UPDATE "orchestration_turn" SET "lease_token" = %s')  # Orchestrator.claim
+
+
+def test_on_a_runner_work_made_ready_there_is_claimed_by_the_transaction_that_made_it_ready(on_runner):
+    """A dispatch answer's agents, a dependency's dependent and the orchestrator its last
+    agent wakes begin on the runner that made them ready, each claimed in that
+    transaction: no claim of its own, a commit less in each hand-off than through the
+    queue (the inline budgets above)."""
+    transactions = on_runner(Plan([Agent("a", ["tasks.search"], [SEARCH], report="a done"),
+                                   Agent("b", ["tasks.search"], [SEARCH], depends_on=["a"], report="b done")],
+                                  answer="done"))
+    (dispatched,) = transactions.having(CREATED)
+    (a_ended, b_ended) = transactions.having(ENDED)
+    assert transactions.having(STARTED) == [dispatched, a_ended], "a claim in a transaction of its own"
+    assert transactions.having(WOKEN) == [b_ended]
+    assert len(transactions.having(TURN_CLAIMED)) == 1  # its first delivery, from the web's turn start
+    for name, sql, budget in [("dispatch", dispatched, RUNNER_DISPATCH), ("hand-off", a_ended, RUNNER_HANDOFF),
+                              ("wake", b_ended, RUNNER_WAKE)]:
+        assert len(sql) <= budget, f"{name}:\n" + "\n".join(re.sub(r"\s+", " ", one)[:160] for one in sql)
