@@ -33,7 +33,6 @@ from orchestration.budgets.spending import (
     SpendMeter,
     agent_call_release,
     agent_call_reserve,
-    agent_calls_reserve,
     caps_for,
 )
 from orchestration.delivery import runner
@@ -165,7 +164,7 @@ class Agent:
             if first_start:
                 event_record(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
                              payload={"sub_agent_id": dispatch.agent_id})
-                counted = _first_calls_reserve([dispatch])  # in this commit, not one of its own
+                counted = lifecycle.first_calls_reserve([dispatch])  # in this commit, not one of its own
             else:
                 reason = "its agents finished" if awaited else "redelivered"
                 event_record(type=AGENT_ATTEMPT, dispatch=dispatch,
@@ -642,17 +641,6 @@ def _refusal(dispatch: AgentDispatch, limits: Limits) -> str:
                 f"{dispatch.agent_id} is at depth {dispatch.depth} and cannot dispatch agents. "
                 "Do the work yourself with use_skill.")
     return f"{dispatch.agent_id} may not dispatch agents (its profile does not delegate); its only tool is use_skill."
-
-
-def _first_calls_reserve(started: list[AgentDispatch]) -> bool:
-    """The first model call of each agent started together, counted in one UPDATE (they
-    are one turn's: one dispatch answer, one finished dependency). False if they are not,
-    or would pass the turn's cap: then each counts its own before its call."""
-    turn_ids = {dispatch.turn_id for dispatch in started}
-    if len(turn_ids) != 1:
-        return False
-    return agent_calls_reserve(turn_id=started[0].turn_id, limits=Limits.from_json(started[0].turn.limits),
-                               count=len(started))
 
 
 def _report(response: LLMResponse) -> Next | None:

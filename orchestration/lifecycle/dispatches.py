@@ -238,10 +238,17 @@ def agents_start(ready: list[AgentDispatch]) -> tuple[list[AgentDispatch], bool]
         dispatch.lease_token, dispatch.deadline_at = values[dispatch.pk]["lease_token"], values[dispatch.pk]["deadline_at"]
     events_record([event_new(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
                              payload={"sub_agent_id": dispatch.agent_id}) for dispatch in started])
-    turns = {dispatch.turn_id: dispatch.turn for dispatch in started}
-    counted = len(turns) == 1 and agent_calls_reserve(
-        turn_id=started[0].turn_id, limits=Limits.from_json(started[0].turn.limits), count=len(started))
-    return started, counted
+    return started, first_calls_reserve(started)
+
+
+def first_calls_reserve(started: list[AgentDispatch]) -> bool:
+    """The first model call of each agent started together, counted in one UPDATE (they
+    are one turn's: one dispatch answer, one finished dependency). False if they are not,
+    or would pass the turn's cap: then each counts its own before its call."""
+    if len({dispatch.turn_id for dispatch in started}) != 1:
+        return False
+    return agent_calls_reserve(turn_id=started[0].turn_id, limits=Limits.from_json(started[0].turn.limits),
+                               count=len(started))
 
 
 def _skip_unstartable(dispatches: list[AgentDispatch], by_id: dict[str, AgentDispatch]) -> None:

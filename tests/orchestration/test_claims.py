@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -199,3 +199,24 @@ def test_a_merge_of_several_that_finds_one_moved_merges_each_as_it_stands(ready)
     assert (rows[done.pk].state, rows[done.pk].close_reason) == (DispatchState.CLOSED, "merged")
     assert rows[moved.pk].close_reason == "closed already"
     assert list(Event.objects.filter(type="agent.subagent_closed").values_list("dispatch_id", flat=True)) == [done.pk]
+
+
+def test_agents_claimed_where_they_became_ready_are_taken_up_with_two_reads(ready):
+    """A runner takes up agents claimed by the transaction that made them ready
+    (lifecycle.agents_deliver) without writing: their rows and their owner's caps. One
+    stopped in between, or claimed again by someone else, is left to whoever moved it."""
+    turn, (a1, a2, stopped, _) = ready
+    with transaction.atomic():
+        started, counted = lifecycle.agents_start([a1, a2, stopped])
+    assert [d.pk for d in started] == [a1.pk, a2.pk, stopped.pk] and counted
+    claims = [queue.Claimed(d.pk, d.lease_token, counted) for d in started]
+    lifecycle.transition(stopped.pk, source=DispatchState.RUNNING, target=DispatchState.CANCELLED)
+    AgentDispatch.objects.filter(pk=a2.pk).update(lease_token="someone else's")
+
+    with CaptureQueriesContext(connection) as queries:
+        adopted = Agent.adopt_many(claims)
+    assert len(statements(queries)) == 2, statements(queries)
+    assert set(adopted) == {a1.pk}
+    agent = adopted[a1.pk]
+    assert agent.token == claims[0].token and agent.counted and agent.dispatch.state == DispatchState.RUNNING
+    assert Event.objects.filter(turn=turn, type="agent.subagent_started").count() == 3
