@@ -64,9 +64,13 @@ def enqueue_subagent(dispatch_id: int) -> None:
     enqueue_subagents([dispatch_id])
 
 
-def enqueue_subagents(dispatch_ids: list[int]) -> None:
+def enqueue_subagents(dispatch_ids: list[int], *, parts_of: int = 0) -> None:
+    """Stamp the agents queued and deliver them after the commit (`deliver_all`); with
+    `parts_of`, the rest of a wave whose share was begun here (`begin_here`): each other
+    share, of that many, as one task for another process."""
     AgentDispatch.objects.filter(pk__in=dispatch_ids).update(queued_at=timezone.now())
-    transaction.on_commit(lambda: deliver_all(AGENT, list(dispatch_ids)))
+    ids = list(dispatch_ids)
+    transaction.on_commit(lambda: _queue_parts(AGENT, ids, parts_of) if parts_of else deliver_all(AGENT, ids))
 
 
 def here_share(kind: str, ready: int) -> int:
@@ -83,13 +87,6 @@ def begin_here(kind: str, claimed: list[Claimed]) -> None:
     """Begin work the caller's transaction claimed for this runner, once it commits."""
     here = runner.current()
     transaction.on_commit(lambda: here.start_claimed(JOBS[kind], claimed))
-
-
-def enqueue_parts(kind: str, item_ids: list[int], part: int) -> None:
-    """Queue the rest of a wave whose share was begun here: each other share as one task
-    (begun together where it is taken), stamped now and sent after the commit."""
-    AgentDispatch.objects.filter(pk__in=item_ids).update(queued_at=timezone.now())
-    transaction.on_commit(lambda: _queue_parts(kind, list(item_ids), part))
 
 
 def deliver(kind: str, item_id: int) -> None:

@@ -72,7 +72,6 @@ from orchestration.records.catalogue import (
     AGENT_ATTEMPT,
     AGENT_FAILED,
     AGENT_LLM_CALL,
-    AGENT_STARTED,
     AGENT_WAITING_FOR_MERGE,
     LLM_WAITING,
     SKILL_FINISHED,
@@ -148,32 +147,29 @@ class Agent:
             AgentDispatch.objects.filter(pk=dispatch_id, state=DispatchState.CREATED).exclude(
                 turn__status__in=WORKING_TURN_STATUSES).update(queued_at=None)
             return None
-        token, now, awaited = new_token(), timezone.now(), dispatch.awaiting
-        first_start, counted = dispatch.started_at is None, False
+        first_start, counted, awaited = dispatch.started_at is None, False, dispatch.awaiting
         if first_start:
-            timeout = timedelta(seconds=Limits.from_json(dispatch.turn.limits).agent_timeout_seconds)
-            dispatch.started_at, dispatch.deadline_at = now, now + timeout
-        with transaction.atomic():  # one commit: the claim, its event (and its first call counted)
-            if not lifecycle.transition(
-                dispatch_id, source=DispatchState.CREATED, target=DispatchState.RUNNING,
-                lease_token=token, lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None,
-                awaiting={}, started_at=dispatch.started_at, deadline_at=dispatch.deadline_at,
-            ):
+            with transaction.atomic():  # one commit: the claim, its event and its first call counted
+                started, counted = lifecycle.agents_start([dispatch])
+            if not started:
                 return None
-            dispatch.state, dispatch.lease_token, dispatch.awaiting = DispatchState.RUNNING, token, {}
-            if first_start:
-                event_record(type=AGENT_STARTED, dispatch=dispatch, summary=f"{dispatch.agent_id} started",
-                             payload={"sub_agent_id": dispatch.agent_id})
-                counted = lifecycle.first_calls_reserve([dispatch])  # in this commit, not one of its own
-            else:
+        else:
+            token, now = new_token(), timezone.now()
+            with transaction.atomic():  # one commit: the claim and its event
+                if not lifecycle.transition(
+                    dispatch_id, source=DispatchState.CREATED, target=DispatchState.RUNNING,
+                    lease_token=token, lease_expires_at=lease_until(), heartbeat_at=now, queued_at=None, awaiting={},
+                ):
+                    return None
+                dispatch.state, dispatch.lease_token, dispatch.awaiting = DispatchState.RUNNING, token, {}
                 reason = "its agents finished" if awaited else "redelivered"
                 event_record(type=AGENT_ATTEMPT, dispatch=dispatch,
                              summary=f"{dispatch.agent_id} resumed ({reason})",
                              payload={"sub_agent_id": dispatch.agent_id, "reason": reason,
                                       "crashes": dispatch.crashes, "awaited": (awaited or {}).get("agent_ids", [])})
         claimed = time.monotonic()  # its lease just taken: the first call need not ask again
-        return cls(dispatch=dispatch, token=token, first_start=first_start, renewed_at=claimed, verified_at=claimed,
-                   counted=counted, label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})")
+        return cls(dispatch=dispatch, token=dispatch.lease_token, first_start=first_start, renewed_at=claimed,
+                   verified_at=claimed, counted=counted, label=f"agent {dispatch.agent_id} (dispatch {dispatch.pk})")
 
     @classmethod
     def claim_many(cls, dispatch_ids: list[int]) -> dict[int, Agent]:

@@ -211,11 +211,8 @@ def agents_deliver(ready: list[AgentDispatch]) -> None:
     if started:
         queue.begin_here(queue.AGENT, [Claimed(d.pk, d.lease_token, counted) for d in started])
     begun = {d.pk for d in started}
-    rest = [d.pk for d in ready if d.pk not in begun]
-    if rest and begun:
-        queue.enqueue_parts(queue.AGENT, rest, len(begun))
-    elif rest:
-        enqueue_subagents(rest)
+    if rest := [d.pk for d in ready if d.pk not in begun]:
+        enqueue_subagents(rest, parts_of=len(begun))
 
 
 def agents_start(ready: list[AgentDispatch]) -> tuple[list[AgentDispatch], bool]:

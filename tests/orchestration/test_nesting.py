@@ -329,12 +329,12 @@ def test_reaper_wakes_a_parent_whose_wake_up_was_lost(llm, queued, alice, lead_p
     lost = []
     real_enqueue = dispatches.enqueue_subagents
 
-    def lose_the_wake_up(dispatch_ids):
+    def lose_the_wake_up(dispatch_ids, **options):
         for dispatch_id in dispatch_ids:
             if AgentDispatch.objects.filter(pk=dispatch_id).exclude(awaiting={}).exists():
                 lost.append(dispatch_id)  # the worker died before it reached the queue
             else:
-                real_enqueue([dispatch_id])
+                real_enqueue([dispatch_id], **options)
 
     monkeypatch.setattr(dispatches, "enqueue_subagents", lose_the_wake_up)
     queued()
