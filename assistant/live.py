@@ -21,6 +21,7 @@ from django.db.models import Max
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from assistant.rows import event_row
 from orchestration.llm.offline import EXAMPLE_REQUESTS
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
 from orchestration.records.catalogue import AGENT_LLM_CALL, ORCHESTRATOR_LLM_CALL, TURN_RESTS, TURN_RUNS
@@ -301,11 +302,17 @@ def render_events(conversation: Conversation, events: list[Event], panels: froze
     # Keyed by id and time: an id alone can come back after a rollback (tests, SQLite);
     # and by the active time zone, which the times in the HTML are shown in.
     zone = timezone.get_current_timezone_name()
-    parts = [_rendered.get(("event", event.pk, event.created_at, zone), lambda event=event: render_to_string(
-        "conversations/push.html", {"event": event})) for event in events]
+    parts = [_rendered.get(("event", event.pk, event.created_at, zone), lambda event=event: _pushed_row(event))
+             for event in events]
     if panels:
         parts.append(render_panels(conversation, panels, newest=events[-1] if events else None))
     return "".join(parts)
+
+
+def _pushed_row(event: Event) -> str:
+    """The event's row, appended to the timeline (static/js/live.js moves a late one to
+    its place by id)."""
+    return f'<div hx-swap-oob="beforeend:#timeline">{event_row(event)}</div>'
 
 
 def render_panels(conversation: Conversation, panels: frozenset[str], *, newest: Event | None = None) -> str:

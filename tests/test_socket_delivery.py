@@ -239,23 +239,44 @@ def test_the_chat_panels_read_the_conversation_with_its_latest_turn(started, dja
     assert "Continue" in html
 
 
+def test_a_pushed_row_is_the_row_the_page_shows(alice_client, started):
+    """One row whichever way it reaches the page: an agent's event, the orchestrator's,
+    and one outside a turn, each with a payload and text a model wrote."""
+    conversation, turn, first = started
+    dispatch = dispatch_for(turn, agent_id="researcher")
+    events = [first, Event.objects.create(conversation=conversation, turn=turn, dispatch=dispatch,
+                                          type="skill.finished", summary="Read <b>notes</b>",
+                                          payload={"skill": "file_read", "arguments": {"path": "a & b.txt"}}),
+              Event.objects.create(conversation=conversation, type="conversation.renamed", summary="Renamed",
+                                   payload={"title": "<i>new</i>"})]
+    page = alice_client.get(f"/conversations/{conversation.pk}/").content.decode()
+    pushed = live.render_events(conversation, events, panels=frozenset())
+
+    for event, who in zip(events, ("orchestrator", "researcher", "")):
+        row = re.search(rf'<details class="event[^"]*" id="event-{event.pk}">.*?</details>', pushed, re.S).group()
+        assert row in page and f'<span class="who">{who}</span>' in row
+    assert "Read &lt;b&gt;notes&lt;/b&gt;" in pushed and "&lt;i&gt;new&lt;/i&gt;" in pushed
+
+
 def test_two_sockets_on_one_conversation_share_one_render(started, monkeypatch):
     """A second tab (or a phone) on the conversation gets the same rows and panels without
     rendering them again: each event's row and each push's panels render once per process."""
     conversation, turn, first = started
     rendered = []
-    real = live.render_to_string
-    monkeypatch.setattr(live, "render_to_string", lambda name, context: rendered.append(name) or real(name, context))
+    real_template, real_row = live.render_to_string, live.event_row
+    monkeypatch.setattr(live, "render_to_string",
+                        lambda name, context: rendered.append(name) or real_template(name, context))
+    monkeypatch.setattr(live, "event_row", lambda event: rendered.append("row") or real_row(event))
     events = [Event.objects.create(conversation=conversation, turn=turn, type=t, summary=t)
               for t in ("skill.started", "skill.finished")]
 
     tab, phone = live.render_events(conversation, events), live.render_events(conversation, events)
 
     assert tab == phone and 'id="agent-graph"' in tab
-    assert rendered == ["conversations/push.html"] * 2 + ["conversations/panels.html"]
+    assert rendered == ["row"] * 2 + ["conversations/panels.html"]
     newer = Event.objects.create(conversation=conversation, turn=turn, type="skill.started", summary="again")
     assert live.render_events(conversation, [newer]) != tab  # a newer event: its own row and panels
-    assert rendered[3:] == ["conversations/push.html", "conversations/panels.html"]
+    assert rendered[3:] == ["row", "conversations/panels.html"]
     # The busy panels, on their own lane: once for both tabs as of the same newest event,
     # afresh when a socket sends what it owed (no event: a running bar grows with the clock).
     busy = frozenset(live.BUSY_PANELS)

@@ -8,6 +8,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from assistant.payloads import render_payload
 from assistant.rendering import render_markdown
+from assistant.rows import event_row as _event_row
 from orchestration.budgets.usage import Spend
 from orchestration.questions.approvals import clearance_words, rule_offered
 from orchestration.questions.pauses import PauseWords, pause_words_of
@@ -63,6 +64,12 @@ def spend(value) -> str:
 def payload(value) -> str:
     """An event's payload as a key/value table (see assistant/payloads.py), escaped."""
     return render_payload(value)
+
+
+@register.filter
+def event_row(event) -> str:
+    """An event's timeline row (assistant/rows.py: the live page pushes the same)."""
+    return _event_row(event)
 
 
 @register.filter
