@@ -25,8 +25,14 @@ from orchestration.llm.offline import OFFLINE_MODEL
 from orchestration.models import AgentDispatch, AgentProfile, Turn
 from orchestration.records.catalogue import AGENT_CREATED
 from orchestration.records.events import event_new, events_record
+from orchestration.records.inserts import insert
 from skills import registry
 from skills.base import Domain
+
+# Every column of a new dispatch (orchestration/records/inserts.py: a wave's rows in one
+# INSERT, without the UNNEST arrays `bulk_create` has psycopg escape in Python: 1.0 ms
+# of CPU for eight agents instead of 2.4).
+DISPATCH_FIELDS = tuple(f.name for f in AgentDispatch._meta.concrete_fields if not f.primary_key)
 
 
 @dataclass
@@ -281,9 +287,9 @@ def dispatches_create(
         return []
     limits = Limits.from_json(turn.limits)
     depth = (parent.depth + 1) if parent else 1
-    dispatches = AgentDispatch.objects.bulk_create([_new_dispatch(
-        turn=turn, item=item, limits=limits, depth=depth, task_prompt=task_prompt, parent=parent,
-        step_idx=step_idx, outside=outside) for item in items])
+    dispatches = [_new_dispatch(turn=turn, item=item, limits=limits, depth=depth, task_prompt=task_prompt,
+                                parent=parent, step_idx=step_idx, outside=outside) for item in items]
+    insert(dispatches, DISPATCH_FIELDS)
     events_record([_created_event(dispatch, parent) for dispatch in dispatches])
     return dispatches
 

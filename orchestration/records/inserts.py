@@ -1,5 +1,5 @@
 """The INSERT of the rows nearly every step appends (events, the orchestrator's
-messages), written out instead of built by `bulk_create`.
+messages) and of a wave's new agents, written out instead of built by `bulk_create`.
 
 Building it was most of appending: Django compiles an expression per value (the
 messages' numbering subquery) and, on PostgreSQL, passes a plain batch as UNNEST arrays
