@@ -4,7 +4,7 @@ The live page sends every event's row to each conversation's sockets, and under 
 load` rendering those rows through a template was a sixth of daphne's CPU (a py-spy
 profile): the engine's context, include and filter machinery cost many times the few
 strings a row is made of. The page's own timeline uses the same function (the
-`event_row` tag), so a row looks the same whichever way it reached the page.
+`event_row` filter), so a row looks the same whichever way it reached the page.
 """
 
 from __future__ import annotations
