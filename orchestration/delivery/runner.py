@@ -47,7 +47,7 @@ from django.conf import settings
 from django.db import connection
 
 from orchestration.delivery.dbretry import fresh_connection
-from orchestration.llm.base import pool_connections_on
+from orchestration.llm.base import pool_connections_on, pools_close
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ HEALTH_CHECK_IDLE_SECONDS = 5.0
 # After whatever model calls were still in flight are cut short: the time their
 # hand-backs (one short transaction each) may take.
 HAND_BACK_SECONDS = 10.0
+# Then, with nothing in flight, the time closing the model clients' pools may take.
+POOLS_CLOSE_SECONDS = 2.0
 
 Job = Callable[..., Awaitable[None]]  # of an id, or of work claimed already (delivery/queue.py)
 
@@ -170,8 +172,20 @@ class Runner:
                 self._idle.wait_for(lambda: self.in_flight == 0, timeout=HAND_BACK_SECONDS)
         if self.in_flight:
             logger.warning("Runner: %s still in flight at exit; their leases will expire", self.in_flight)
+        else:
+            self._pools_close()
         self.db_executor.shutdown(wait=False, cancel_futures=True)
         self.skill_executor.shutdown(wait=False, cancel_futures=True)
+
+    def _pools_close(self) -> None:
+        """Close the model clients' connection pools kept on the loop, now that no work
+        uses them (a pool that will not close is left to the process's exit)."""
+        if not self.loop.is_running():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(pools_close(), self.loop).result(timeout=POOLS_CLOSE_SECONDS)
+        except Exception:
+            logger.warning("Runner: the model clients' connections did not close", exc_info=True)
 
     def _cancel_all(self) -> None:
         for task in list(self._tasks):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 
 
@@ -87,3 +89,19 @@ def pool_connections_on(loop) -> None:
 
 def pools_connections(loop) -> bool:
     return loop in _long_lived_loops
+
+
+# How each provider closes the pools it keeps on a long-lived loop: a runner closes them
+# when it has drained (`pools_close`), and aiohttp's sessions then end without warnings.
+_pool_closers: list[Callable[[asyncio.AbstractEventLoop], Awaitable[None]]] = []
+
+
+def pool_closer(close: Callable[[asyncio.AbstractEventLoop], Awaitable[None]]) -> None:
+    _pool_closers.append(close)
+
+
+async def pools_close() -> None:
+    """Close the connection pools kept on the running loop, which no work uses any more."""
+    loop = asyncio.get_running_loop()
+    for close in _pool_closers:
+        await close(loop)

@@ -40,7 +40,7 @@ import httpx
 import openai
 from django.conf import settings
 
-from orchestration.llm.base import LLMError, LLMResponse, ToolCall, Usage, pools_connections
+from orchestration.llm.base import LLMError, LLMResponse, ToolCall, Usage, pool_closer, pools_connections
 from orchestration.llm.capacity.headers import retry_after_seconds
 from orchestration.llm.capacity.limiter import Endpoint
 
@@ -76,6 +76,16 @@ def _async_client() -> openai.AsyncOpenAI:
         clients[options] = client_class(base_url=base_url, timeout=timeout, max_retries=max_retries,
                                         http_client=http_client)
     return clients[options]
+
+
+async def _clients_close(loop: asyncio.AbstractEventLoop) -> None:
+    """Close the clients kept for `loop` (a runner's, drained); a later call on it would
+    open another."""
+    for client in _async_clients.pop(loop, {}).values():
+        await client.close()
+
+
+pool_closer(_clients_close)
 
 
 class _Client(openai.AsyncOpenAI):

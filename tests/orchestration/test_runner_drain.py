@@ -9,6 +9,8 @@ import time
 
 from orchestration.delivery import runner as runner_module
 from orchestration.delivery.runner import Runner
+from orchestration.llm import openai_provider
+from tests.support.llm_server import text
 
 
 def test_work_that_finishes_within_the_call_window_is_not_cut_short():
@@ -72,3 +74,22 @@ def test_work_claimed_for_a_full_runner_begins_all_the_same_and_frees_no_slot_it
     runner.drain(finish_within=5, call_within=1)
     assert runner.in_flight == 0
     assert runner._slots.acquire(blocking=False) and not runner._slots.acquire(blocking=False)  # still one
+
+
+def test_a_drained_runner_closes_the_connection_pool_its_model_calls_used(llm):
+    """A runner's model client keeps its connections (aiohttp's pool) on the runner's
+    loop, which lives as long as the worker: drained, the runner closes it, so the worker
+    ends without an unclosed session, and a call made after it opens a new one."""
+    runner = Runner(capacity=2, db_threads=1, skill_threads=1)
+    llm.respond = lambda request: text("hello")
+    clients = []
+
+    async def job(item_id: int) -> None:
+        await openai_provider.OpenAIProvider().acomplete(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                        tools=[])
+        clients.append(openai_provider._async_client())
+
+    assert runner.start(job, 1, wait=0)
+    runner.drain(finish_within=5, call_within=1)
+    assert len(clients) == 1 and clients[0].is_closed()
+    assert runner.loop not in openai_provider._async_clients
