@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from orchestration.delivery import runner as runner_module
 from orchestration.delivery.runner import Runner
@@ -42,9 +44,14 @@ def on_runner(settings, monkeypatch):
 
 
 def claimed(role: str, alice):
-    turn = turn_for(conversation_for(alice), status=TurnStatus.RUNNING)
     if role == "orchestrator":
+        turn = turn_for(conversation_for(alice), status=TurnStatus.RUNNING)
         return Orchestrator.claim(turn.pk), lambda: Turn.objects.get(pk=turn.pk)
+    # An agent's turn has its orchestrator at work elsewhere (its results call overlaps
+    # the agents), under a lease of its own: unleased, the turn would be the reaper's to
+    # queue, and its step (with no messages) would fail the turn and stop the agent.
+    turn = turn_for(conversation_for(alice), status=TurnStatus.RUNNING, lease_token="orchestrator-elsewhere",
+                    lease_expires_at=timezone.now() + timedelta(hours=1))
     dispatch = dispatch_for(turn, "clerk")
     return Agent.claim(dispatch.pk), lambda: AgentDispatch.objects.get(pk=dispatch.pk)
 
