@@ -16,6 +16,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 
 from assistant import live, watch
@@ -249,7 +250,7 @@ def test_a_pushed_row_is_the_row_the_page_shows(alice_client, started):
                                           payload={"skill": "file_read", "arguments": {"path": "a & b.txt"}}),
               Event.objects.create(conversation=conversation, type="conversation.renamed", summary="Renamed",
                                    payload={"title": "<i>new</i>"})]
-    page = alice_client.get(f"/conversations/{conversation.pk}/").content.decode()
+    page = alice_client.get(reverse("conversation_detail", args=[conversation.pk])).content.decode()
     pushed = live.render_events(conversation, events, panels=frozenset())
 
     for event, who in zip(events, ("orchestrator", "researcher", "")):

@@ -78,8 +78,8 @@ def test_work_claimed_for_a_full_runner_begins_all_the_same_and_frees_no_slot_it
 
 def test_a_drained_runner_closes_the_connection_pool_its_model_calls_used(llm):
     """A runner's model client keeps its connections (aiohttp's pool) on the runner's
-    loop, which lives as long as the worker: drained, the runner closes it, so the worker
-    ends without an unclosed session, and a call made after it opens a new one."""
+    loop, which lives as long as the worker: drained, the runner closes it and forgets
+    it, so the worker ends without an unclosed session."""
     runner = Runner(capacity=2, db_threads=1, skill_threads=1)
     llm.respond = lambda request: text("hello")
     clients = []
