@@ -25,6 +25,7 @@ from assistant.rows import event_row
 from orchestration.llm.offline import EXAMPLE_REQUESTS
 from orchestration.models import ACTIVE_TURN_STATUSES, Conversation, Event, Turn, TurnStatus
 from orchestration.records.catalogue import AGENT_LLM_CALL, ORCHESTRATOR_LLM_CALL, TURN_RESTS, TURN_RUNS
+from orchestration.records.compiled import CompiledRead, instance
 from orchestration.records.events import event_from_carried
 from orchestration.reports import selectors
 from orchestration.reports.waterfall import turn_waterfall
@@ -36,6 +37,15 @@ SETTLE_SECONDS = 5
 NEWEST = 2**63 - 1  # an id above every event's: `replay_floor` up to it is the newest settled one
 
 
+def _unseen_read(*fields: str) -> CompiledRead:
+    return CompiledRead(lambda conversation_id, floor: Event.objects.filter(
+        conversation_id=conversation_id, id__gt=floor).order_by("id").values_list("id", "created_at", *fields), arity=2)
+
+
+# Every push that reads the log, and every probe, runs one of these: compiled once.
+_unseen, _unseen_types = _unseen_read(), _unseen_read("type")
+
+
 class _Seen:
     """The ids of a conversation's events already read: a floor (everything at or below
     it) and the ids above it. Ids only settle after SETTLE_SECONDS (an event with a
@@ -45,11 +55,11 @@ class _Seen:
         self.floor = floor
         self.sent: set[int] = set()
 
-    def unseen(self, conversation_id: int, *fields: str) -> list[tuple]:
-        """(id, *fields) of the events not read yet, one light query that also moves the floor."""
+    def unseen(self, conversation_id: int, *, types: bool = False) -> list[tuple]:
+        """(id,) or with `types` (id, type) of the events not read yet, one light query
+        that also moves the floor."""
         settled = timezone.now() - timedelta(seconds=SETTLE_SECONDS)
-        rows = list(Event.objects.filter(conversation_id=conversation_id, id__gt=self.floor)
-                    .order_by("id").values_list("id", "created_at", *fields))
+        rows = (_unseen_types if types else _unseen)(conversation_id, self.floor)
         new = [(row[0], *row[2:]) for row in rows if row[0] not in self.sent]
         self.sent.update(row[0] for row in new)
         older = [row[0] for row in rows if row[1] < settled]
@@ -155,7 +165,7 @@ class Probe(_Seen):
         if self.first:
             self.floor = replay_floor(self.conversation_id, NEWEST)
             self.sent = set()
-        new = self.unseen(self.conversation_id, "type")
+        new = self.unseen(self.conversation_id, types=True)
         for _, type_ in new:
             self._follow_type(type_)
         if self.turn_running is None:
@@ -332,21 +342,32 @@ def render_panels(conversation: Conversation, panels: frozenset[str], *, newest:
 # What the panels read of the conversation's latest turn (the waterfall the most), and of
 # the conversation what a turn changes: its title (set by the first message) and the
 # outside content it carries (grown when a turn ends). A socket holds its conversation
-# from before.
+# from before. Compiled once (orchestration/records/compiled.py): every render reads it.
 LATEST_TURN_FIELDS = ("id", "conversation_id", "number", "status", "answer_draft", "started_at", "finished_at",
-                      "error", "conversation__title", "conversation__outside", "conversation__outside_since")
+                      "error")
+LATEST_CONVERSATION_FIELDS = ("conversation__title", "conversation__outside", "conversation__outside_since")
+_latest_turn = CompiledRead(lambda conversation_id: Turn.objects.filter(conversation_id=conversation_id)
+                            .order_by("-number").values_list(*LATEST_TURN_FIELDS, *LATEST_CONVERSATION_FIELDS)[:1])
+
+
+def latest_turn(conversation: Conversation) -> Turn | None:
+    """The conversation's latest turn (only `LATEST_TURN_FIELDS` read), with what a turn
+    changes of `conversation` brought up to date on it."""
+    rows = _latest_turn(conversation.pk)
+    if not rows:
+        return None
+    turn_values, (title, outside, outside_since) = rows[0][:len(LATEST_TURN_FIELDS)], rows[0][len(LATEST_TURN_FIELDS):]
+    conversation.title, conversation.outside, conversation.outside_since = title, outside, outside_since
+    latest = instance(Turn, LATEST_TURN_FIELDS, turn_values)
+    latest.conversation = conversation
+    return latest
 
 
 def panel_context(conversation: Conversation, panels: frozenset[str] = frozenset(PANELS)) -> dict:
     """What the state panels show; with `panels`, only what those panels need."""
     context = {"conversation": conversation, "panels": panels, "oob": True}
     # One turn at a time is active, and it is the latest: one query serves every panel.
-    latest = conversation.turns.order_by("-number").select_related("conversation").only(*LATEST_TURN_FIELDS).first()
-    if latest is not None:
-        fresh = latest.conversation
-        conversation.title, conversation.outside, conversation.outside_since = (
-            fresh.title, fresh.outside, fresh.outside_since)
-        latest.conversation = conversation
+    latest = latest_turn(conversation)
     context["active_turn"] = latest if latest is not None and latest.status in ACTIVE_TURN_STATUSES else None
     # The graph and the waterfall show the same agents and spend, the counters the
     # conversation's spend (with the agents', one query), the graph and the waterfall the

@@ -20,6 +20,7 @@ from django.db.models import Case, Count, F, Q, QuerySet, Sum, Value, When
 
 from orchestration.budgets.pricing import COST_PLACES, format_usd
 from orchestration.models import AgentDispatch, Conversation, LLMCall, Turn
+from orchestration.records.compiled import CompiledRead
 
 
 @dataclass(frozen=True)
@@ -121,10 +122,17 @@ class TurnSpend:
 def _spends(calls: QuerySet[LLMCall], *keys: str) -> dict:
     """The calls' spend per value of `keys`, one grouped query (by model too, to name
     the models without a price)."""
-    rows = calls.order_by().values(*keys, "model").annotate(
+    return _summed(_grouped(calls, *keys), keys)
+
+
+def _grouped(calls: QuerySet[LLMCall], *keys: str) -> QuerySet:
+    return calls.order_by().values(*keys, "model").annotate(
         n=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"),
         cached=Sum("cached_tokens"), cost=Sum("cost_usd"), unpriced=Count("id", filter=Q(cost_usd__isnull=True)),
     )
+
+
+def _summed(rows, keys: tuple[str, ...]) -> dict:
     spends: dict = {}
     for row in rows:
         key = tuple(row[k] for k in keys)
@@ -159,16 +167,23 @@ def turn_spend(turn: Turn, dispatches: list[AgentDispatch] | None = None) -> Tur
     return roll_up(own, parents)
 
 
+def _turn_and_conversation_calls(turn_id: int, conversation_id: int) -> QuerySet:
+    in_turn = Q(turn_id=turn_id)
+    return _grouped(LLMCall.objects.filter(turn__conversation_id=conversation_id).annotate(
+        this_turn=Case(When(in_turn, then=Value(True)), default=Value(False)),
+        agent=Case(When(in_turn, then=F("dispatch_id")), default=None),
+    ), "this_turn", "agent")
+
+
+# The live page's counters and agent graph read it with every render of a running turn.
+_turn_and_conversation_spends = CompiledRead(_turn_and_conversation_calls, arity=2)
+
+
 def turn_and_conversation_spend(turn: Turn, dispatches: list[AgentDispatch]) -> tuple[TurnSpend, Spend]:
     """The turn's spend (as `turn_spend`, given its `dispatches`) and its whole
     conversation's, from one grouped query: the live page's counters and agent graph
     show both at once. The conversation's other turns are summed per model, not per agent."""
-    in_turn = Q(turn_id=turn.pk)
-    calls = LLMCall.objects.filter(turn__conversation_id=turn.conversation_id).annotate(
-        this_turn=Case(When(in_turn, then=Value(True)), default=Value(False)),
-        agent=Case(When(in_turn, then=F("dispatch_id")), default=None),
-    )
-    spends = _spends(calls, "this_turn", "agent")
+    spends = _summed(_turn_and_conversation_spends.dicts(turn.pk, turn.conversation_id), ("this_turn", "agent"))
     own = {agent: spend for (this_turn, agent), spend in spends.items() if this_turn}
     return roll_up(own, {d.pk: d.parent_id for d in dispatches}), sum(spends.values(), Spend())
 

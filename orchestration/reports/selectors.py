@@ -12,6 +12,7 @@ from django.utils.timesince import timesince
 from orchestration.budgets.usage import Spend, TurnSpend, conversation_spend, turn_and_conversation_spend, turn_spend
 from orchestration.models import AgentDispatch, Conversation, DispatchOutcome, Event, Message, Turn
 from orchestration.records.catalogue import AGENT_LLM_CALL, SKILL_FINISHED, SKILL_STARTED
+from orchestration.records.compiled import CompiledRead
 
 
 def conversations_for(*, user) -> QuerySet[Conversation]:
@@ -130,10 +131,15 @@ class TurnAgents:
     conversation: Spend | None = None
 
 
+# Read with every render of a running turn's graph and waterfall: compiled once.
+_turn_agents = CompiledRead(lambda turn_id: AgentDispatch.objects.filter(turn_id=turn_id).order_by("id")
+                            .values_list("id", *AGENT_FIELDS))
+
+
 def turn_agents(turn, *, conversation_usage: bool = False) -> TurnAgents:
     """Two queries: the agents, then the turn's spend grouped by agent (and, with
     `conversation_usage`, the conversation's in the same query)."""
-    dispatches = list(turn.dispatches.order_by("id").only(*AGENT_FIELDS))
+    dispatches = _turn_agents.instances(AgentDispatch, turn.pk)
     if conversation_usage:
         spend, conversation = turn_and_conversation_spend(turn, dispatches)
         return TurnAgents(dispatches=dispatches, spend=spend, conversation=conversation)
@@ -176,12 +182,19 @@ def awaiting_approval(turn) -> set[int]:
     return set(SkillApproval.objects.filter(dispatch__turn=turn, decision="").values_list("dispatch_id", flat=True))
 
 
+_turn_events = CompiledRead(lambda turn_id: Event.objects.filter(turn_id=turn_id).order_by("id")
+                            .values_list("id", "type", "dispatch_id", "payload", "created_at"))
+
+
 def turn_events(turn) -> list[Event]:
     """The turn's events for the waterfall (and the graph's progress, when both render)."""
-    return list(Event.objects.filter(turn=turn).order_by("id").only("id", "type", "dispatch_id", "payload", "created_at"))
+    return _turn_events.instances(Event, turn.pk)
 
 
 PROGRESS_EVENTS = (AGENT_LLM_CALL, SKILL_STARTED, SKILL_FINISHED)
+_progress_rows = CompiledRead(lambda turn_id: Event.objects.filter(
+    turn_id=turn_id, dispatch__isnull=False, type__in=PROGRESS_EVENTS,
+).order_by("id").values_list("dispatch_id", "type", "payload__skill", "payload__status"))
 
 
 def agent_progress(*, turn, events: list[Event] | None = None) -> dict[int, dict]:
@@ -191,8 +204,7 @@ def agent_progress(*, turn, events: list[Event] | None = None) -> dict[int, dict
     read with `events`, the turn's (`turn_events`)."""
     progress: dict[int, dict] = {}
     if events is None:
-        rows = (Event.objects.filter(turn=turn, dispatch__isnull=False, type__in=PROGRESS_EVENTS)
-                .order_by("id").values_list("dispatch_id", "type", "payload__skill", "payload__status"))
+        rows = _progress_rows(turn.pk)
     else:
         rows = [(e.dispatch_id, e.type, (e.payload or {}).get("skill"), (e.payload or {}).get("status"))
                 for e in events if e.dispatch_id is not None and e.type in PROGRESS_EVENTS]

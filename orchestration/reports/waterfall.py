@@ -33,6 +33,7 @@ from orchestration.records.catalogue import (
     SKILL_FINISHED,
     SKILL_STARTED,
 )
+from orchestration.records.compiled import CompiledRead
 from orchestration.records.output import json_unwrapped
 from orchestration.reports.selectors import TurnAgents, awaiting_approval, display_state, turn_agents, turn_events
 from skills.executor import ErrorKind
@@ -286,6 +287,12 @@ def _axis_ticks(span_seconds: float, count: int = 4) -> list[tuple[float, str]]:
     return [(round(100 * i / count, 3), duration_text(round(span_seconds * 1000 * i / count))) for i in range(count + 1)]
 
 
+# The skill calls' arguments and results, which the bars show: read with every render of
+# a running turn's waterfall, so compiled once (orchestration/records/compiled.py).
+_turn_executions = CompiledRead(lambda turn_id: SkillExecution.objects.filter(dispatch__turn_id=turn_id)
+                                .order_by().values_list("id", "arguments", "result"))
+
+
 def turn_waterfall(turn: Turn, *, agents: TurnAgents | None = None, events: list[Event] | None = None,
                    now: datetime | None = None) -> Waterfall:
     """The turn's waterfall: two reads (events, skill results) and the agents' (dispatches,
@@ -295,9 +302,8 @@ def turn_waterfall(turn: Turn, *, agents: TurnAgents | None = None, events: list
     events = turn_events(turn) if events is None else events
     agents = agents or turn_agents(turn)
     dispatches, spend = agents.dispatches, agents.spend
-    execution_ids = [e.payload.get("execution_id") for e in events if e.type == SKILL_FINISHED and e.payload]
-    executions = {pk: (arguments, result) for pk, arguments, result in SkillExecution.objects.filter(
-        pk__in=[i for i in execution_ids if i]).values_list("id", "arguments", "result")} if execution_ids else {}
+    finished = any(e.type == SKILL_FINISHED for e in events)
+    executions = {pk: (arguments, result) for pk, arguments, result in _turn_executions(turn.pk)} if finished else {}
 
     by_dispatch: dict = defaultdict(list)
     for event in events:
