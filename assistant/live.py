@@ -172,11 +172,20 @@ class Probe(_Seen):
             self.turn_running = turn_running(self.conversation_id)
         draft_changed = False
         if self.turn_running:
-            draft = (Turn.objects.filter(conversation_id=self.conversation_id, status=TurnStatus.RUNNING)
-                     .values_list("answer_draft", flat=True).first())
+            draft = running_draft(self.conversation_id)
             draft_changed, self.draft = draft != self.draft, draft
         first, self.first = self.first, False
         return first or bool(new) or draft_changed
+
+
+_running_draft = CompiledRead(lambda conversation_id: Turn.objects.filter(
+    conversation_id=conversation_id, status=TurnStatus.RUNNING).values_list("answer_draft")[:1])
+
+
+def running_draft(conversation_id: int) -> str | None:
+    """The running turn's answer so far ("" before it streams), or None when no turn runs."""
+    rows = _running_draft(conversation_id)
+    return rows[0][0] if rows else None
 
 
 def turn_running(conversation_id: int) -> bool:
@@ -193,8 +202,7 @@ def render_draft(conversation: Conversation, cursor: Cursor, *, text: str | None
     if not cursor.turn_running:
         return ""
     if text is None and read:
-        text = (Turn.objects.filter(conversation_id=conversation.pk, status=TurnStatus.RUNNING)
-                .values_list("answer_draft", flat=True).first())
+        text = running_draft(conversation.pk)
         if text is None:
             # No turn runs now (it ended, paused or waits on agents since this socket read
             # its events): the panels just rendered may hold no placeholder, and a draft

@@ -188,7 +188,11 @@ def turn_and_conversation_spend(turn: Turn, dispatches: list[AgentDispatch]) -> 
     return roll_up(own, {d.pk: d.parent_id for d in dispatches}), sum(spends.values(), Spend())
 
 
+# The live page's counters read it with each turn's start and end.
+_conversation_spends = CompiledRead(lambda conversation_id: _grouped(
+    LLMCall.objects.filter(turn__conversation_id=conversation_id)))
+
+
 def conversation_spend(conversation: Conversation) -> Spend:
     """The whole conversation's spend, every turn and agent: one query."""
-    spends = _spends(LLMCall.objects.filter(turn__conversation=conversation))
-    return sum(spends.values(), Spend())
+    return sum(_summed(_conversation_spends.dicts(conversation.pk), ()).values(), Spend())

@@ -85,15 +85,20 @@ def activity_words(at: datetime, *, now: datetime) -> str:
     return f"{timesince(at, now, depth=1)} ago"
 
 
-def visible_messages(*, conversation: Conversation) -> QuerySet[Message]:
-    """What the chat shows: the user's words and the assistant's answers.
+# The chat re-renders with each turn's start and end: compiled once.
+_visible_messages = CompiledRead(lambda conversation_id: Message.objects.filter(
+    conversation_id=conversation_id, role__in=[Message.Role.USER, Message.Role.ASSISTANT, Message.Role.NOTICE],
+    tool_calls=[],
+).exclude(content="").order_by("seq").values_list("id", "seq", "role", "content"))
+
+
+def visible_messages(*, conversation: Conversation) -> list[Message]:
+    """What the chat shows: the user's words and the assistant's answers, in order.
 
     Tool calls and tool results are part of the orchestrator's history but belong in the
     timeline and audit views, not in the chat.
     """
-    return conversation.messages.filter(
-        role__in=[Message.Role.USER, Message.Role.ASSISTANT, Message.Role.NOTICE], tool_calls=[]
-    ).exclude(content="")
+    return _visible_messages.instances(Message, conversation.pk)
 
 
 def active_turn(*, conversation: Conversation):
