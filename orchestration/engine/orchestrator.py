@@ -43,9 +43,10 @@ from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.lifecycle.turns import turn_complete, turn_draft_save, turn_fail
 from orchestration.llm import LLMError, LLMResponse, ToolCall, capacity, get_provider
 from orchestration.llm.base import tool_call_message
-from orchestration.models import LLMCall, Message, Turn, TurnStatus
+from orchestration.models import AgentDispatch, LLMCall, Message, Turn, TurnStatus
 from orchestration.questions.pauses import turn_pause
 from orchestration.records.catalogue import LLM_WAITING, ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
+from orchestration.records.compiled import CompiledRead, attnames
 from orchestration.records.events import event_record
 from orchestration.records.history import llm_messages, message_append, messages_append, pending_tool_calls
 from orchestration.records.output import output_limit, text_bounded
@@ -55,6 +56,11 @@ logger = logging.getLogger(__name__)
 
 # The stored answer of a step the history already holds (acting reads the history).
 STORED = LLMResponse(content="", tool_calls=[], finish_reason="stored")
+
+
+# Read with every results call: compiled once (orchestration/records/compiled.py).
+_top_level_agents = CompiledRead(lambda turn_id: AgentDispatch.objects.filter(
+    turn_id=turn_id, parent__isnull=True).values_list(*attnames(AgentDispatch)))
 
 
 class Orchestrator:
@@ -330,7 +336,9 @@ class Orchestrator:
                 message_append(turn=turn, role=Message.Role.TOOL, content=error_json(error), tool_call_id=call.id)
                 return steps.AGAIN
             # Only the orchestrator's own agents: a nested agent reports to its parent.
-            top_level = list(turn.dispatches.filter(parent__isnull=True))
+            top_level = _top_level_agents.instances(AgentDispatch, turn.pk)
+            for dispatch in top_level:
+                dispatch.turn = turn  # as the related manager would: the merge reads it
             names = arguments.get("agent_ids") or [d.agent_id for d in top_level]
             found = {d.agent_id: d for d in top_level if d.agent_id in names}
             if any(not lifecycle.is_terminal(d) for d in found.values()):

@@ -8,7 +8,8 @@ it does for a push. A `CompiledRead` builds its queryset once per database, with
 placeholder ids, and keeps the SQL and the converters Django applies to the rows; a call
 then only substitutes the ids and runs it, and its rows are what the queryset's would be.
 
-Only ids vary: every other value is part of the query's shape and fixed when it is built.
+Only ids (and other integers: a turn's number) vary: every other value is part of the
+query's shape and fixed when it is built.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import DEFERRED, Model, QuerySet
 
-# Ids no row has, told apart from every constant the query holds; within a 32-bit
-# integer's range, or Django compiles a lookup on an id column to "matches nothing".
-_PLACEHOLDER = -2_000_000_000
+# Values told apart from every constant a query holds, within the range of a 32-bit
+# positive integer field: outside its column's range, Django compiles a lookup on it to
+# "matches nothing" (or "everything") instead of a parameter.
+_PLACEHOLDER = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,11 @@ class CompiledRead:
             compiled = self._compiled[connection.vendor] = _Compiled(
                 sql=sql, params=tuple(params), slots=slots, names=names, converters=converters)
             return compiled
+
+
+def attnames(model: type[Model]) -> tuple[str, ...]:
+    """Every column of `model`, for a `values_list` whose `instances` are whole rows."""
+    return tuple(f.attname for f in model._meta.concrete_fields)
 
 
 def instance(model: type[Model], names: tuple[str, ...], values: tuple) -> Model:

@@ -6,6 +6,7 @@ from django.db import connection
 from django.db.models import Q
 
 from orchestration.models import Message, Turn
+from orchestration.records.compiled import CompiledRead, attnames
 from orchestration.records.inserts import insert
 
 ENGINE_NOTE_PREFIX = "[engine note] "
@@ -43,6 +44,13 @@ def _numbered(conversation_id: int):
     return lambda message, position: (f"{last} + {position + 1:d}", [conversation_id])
 
 
+# Read before every orchestrator call: compiled once.
+_history = CompiledRead(lambda conversation_id, number, turn_id: Message.objects.filter(
+    conversation_id=conversation_id, turn__number__lte=number,
+).filter(Q(turn_id=turn_id) | Q(role__in=(Message.Role.USER, Message.Role.ASSISTANT)))
+    .exclude(role=Message.Role.NOTICE).order_by("seq").values_list(*attnames(Message)), arity=3)
+
+
 def llm_messages(*, turn: Turn, system_prompt: str) -> list[dict]:
     """Earlier turns contribute their questions and answers; this turn everything.
 
@@ -52,9 +60,7 @@ def llm_messages(*, turn: Turn, system_prompt: str) -> list[dict]:
     the conversation had.
     """
     messages: list[dict] = [{"role": "system", "content": system_prompt}]
-    rows = Message.objects.filter(conversation_id=turn.conversation_id, turn__number__lte=turn.number).filter(
-        Q(turn_id=turn.pk) | Q(role__in=(Message.Role.USER, Message.Role.ASSISTANT)))
-    for row in rows.exclude(role=Message.Role.NOTICE).order_by("seq"):
+    for row in _history.instances(Message, turn.conversation_id, turn.number, turn.pk):
         if row.turn_id != turn.pk:
             if row.role == Message.Role.USER or (row.role == Message.Role.ASSISTANT and not row.tool_calls and row.content):
                 messages.append({"role": row.role, "content": row.content})
