@@ -31,7 +31,7 @@ _PLACEHOLDER = 2_000_000_000
 class _Compiled:
     sql: str
     params: tuple
-    slots: tuple[tuple[int, int], ...]  # (position in params, index of the id that goes there)
+    slots: tuple[tuple[int, int, type], ...]  # (position in params, index of the id that goes there, its type)
     names: tuple[str, ...]  # the columns, in order
     converters: tuple[tuple[int, tuple[Callable, ...], object], ...]  # (column, its converters, its expression)
 
@@ -59,8 +59,8 @@ class CompiledRead:
         connection = connections[DEFAULT_DB_ALIAS]
         compiled = self._compiled.get(connection.vendor) or self._compile(connection)
         params = list(compiled.params)
-        for position, index in compiled.slots:
-            params[position] = ids[index]
+        for position, index, kind in compiled.slots:
+            params[position] = ids[index] if kind is int else kind(ids[index])
         with connection.cursor() as cursor:
             cursor.execute(compiled.sql, params)
             rows = cursor.fetchall()
@@ -92,9 +92,12 @@ class CompiledRead:
             query = queryset.query
             compiler = query.get_compiler(connection.alias)
             sql, params = compiler.as_sql()
-            slots = tuple((position, value - _PLACEHOLDER) for position, value in enumerate(params)
-                          if type(value) is int and _PLACEHOLDER <= value < _PLACEHOLDER + self.arity)
-            missing = set(range(self.arity)) - {index for _, index in slots}
+            # An int, or on PostgreSQL a subclass naming its SQL type (a PositiveIntegerField's
+            # value is passed as psycopg's Int4), which the id passed in it then keeps.
+            slots = tuple((position, value - _PLACEHOLDER, type(value)) for position, value in enumerate(params)
+                          if isinstance(value, int) and not isinstance(value, bool)
+                          and _PLACEHOLDER <= value < _PLACEHOLDER + self.arity)
+            missing = set(range(self.arity)) - {index for _, index, _ in slots}
             if missing:
                 raise ValueError(f"{self.build!r}: ids {sorted(missing)} are not parameters of its SQL")
             names = tuple(query.selected or (*query.extra_select, *query.values_select, *query.annotation_select))

@@ -83,3 +83,15 @@ def test_an_id_that_never_reaches_the_sql_is_refused_when_built(two_turns):
         read(two_turns[0].pk, 5)
     with pytest.raises(TypeError):
         read(two_turns[0].pk)
+
+
+def test_a_positive_integer_varies_too(two_turns):
+    """A turn's number is a PositiveIntegerField: PostgreSQL's compiler passes it typed
+    (psycopg's Int4), and each call's number goes in that way."""
+    def up_to(conversation_id, number):
+        return Event.objects.filter(conversation_id=conversation_id, turn__number__lte=number).values_list("id")
+
+    read = CompiledRead(up_to, arity=2)
+    conversation_id = two_turns[0].conversation_id
+    for number in (0, 1, 2):
+        assert sorted(read(conversation_id, number)) == sorted(up_to(conversation_id, number))
