@@ -1,10 +1,11 @@
-"""Reads the live page runs many times a second, compiled to SQL once per process.
+"""Reads that run with every push of the live page or every step of a turn, compiled to
+SQL once per process.
 
 Building a queryset and compiling it is most of what a short read costs Django: on the
 2-core bench machine the latest turn's read took 0.8 ms of CPU to build and compile and
 0.17 ms to run. A busy turn's page runs a handful of such reads for each render of its
-panels (assistant/live.py), so daphne spent more on compiling them than on anything else
-it does for a push. A `CompiledRead` builds its queryset once per database, with
+panels (assistant/live.py), and the orchestrator reads its history before each of its
+calls (records/history.py). A `CompiledRead` builds its queryset once per database, with
 placeholder ids, and keeps the SQL and the converters Django applies to the rows; a call
 then only substitutes the ids and runs it, and its rows are what the queryset's would be.
 
