@@ -15,6 +15,7 @@ query's shape and fixed when it is built.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ class CompiledRead:
         if len(ids) != self.arity:
             raise TypeError(f"expected {self.arity} ids, got {len(ids)}")
         connection = connections[DEFAULT_DB_ALIAS]
-        compiled = self._compiled.get(connection.vendor) or self._compile(connection)
+        compiled = self._compiled_for(connection)
         params = list(compiled.params)
         for position, index, kind in compiled.slots:
             params[position] = ids[index] if kind is int else kind(ids[index])
@@ -70,8 +71,7 @@ class CompiledRead:
         return rows
 
     def names(self) -> tuple[str, ...]:
-        connection = connections[DEFAULT_DB_ALIAS]
-        return (self._compiled.get(connection.vendor) or self._compile(connection)).names
+        return self._compiled_for(connections[DEFAULT_DB_ALIAS]).names
 
     def dicts(self, *ids: int) -> list[dict]:
         """The rows as `values()` gives them."""
@@ -83,6 +83,9 @@ class CompiledRead:
         them): the queryset's `values_list` must name attnames ("turn_id", not "turn")."""
         names = self.names()
         return [instance(model, names, row) for row in self(*ids)]
+
+    def _compiled_for(self, connection) -> _Compiled:
+        return self._compiled.get(connection.vendor) or self._compile(connection)
 
     def _compile(self, connection) -> _Compiled:
         with self._lock:
@@ -120,10 +123,19 @@ def attnames(model: type[Model]) -> tuple[str, ...]:
 def instance(model: type[Model], names: tuple[str, ...], values: tuple) -> Model:
     """A `model` instance from `values` of the attnames `names` (the rest deferred), as
     Django loads a row of an `only()` queryset."""
+    if len(values) != len(names):
+        raise ValueError(f"{len(values)} values for {len(names)} names")
+    in_field_order, columns = _layout(model, names)
+    return model.from_db(DEFAULT_DB_ALIAS, in_field_order, [DEFERRED if column is None else values[column]
+                                                            for column in columns])
+
+
+@functools.cache
+def _layout(model: type[Model], names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int | None, ...]]:
+    """`model`'s attnames, in its field order (as `from_db` takes a row), and for each the
+    position of its value among `names` (None: not read, deferred). Once per read and model."""
     fields = model._meta.concrete_fields
-    columns = dict(zip(names, values, strict=True))
-    return model.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields],
-                         [columns.get(f.attname, DEFERRED) for f in fields])
+    return tuple(f.attname for f in fields), tuple(names.index(f.attname) if f.attname in names else None for f in fields)
 
 
 def _converted(row: tuple, converters, connection) -> tuple:
