@@ -324,16 +324,6 @@ class DispatchOutcome(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-class AgentDispatchQuerySet(models.QuerySet):
-    def for_schedule(self):
-        """Only what the schedule rule (and a dispatch's plan) reads of a turn's agents.
-        It reads every agent of the turn whenever one ends or is created: loading each
-        one's whole row, its transcript and report included, was most of an agent's end.
-        A rarer path that reads another column (a skip's event) loads it then."""
-        return self.only("turn_id", "parent_id", "agent_id", "state", "outcome", "depends_on", "awaiting",
-                         "queued_at", "started_at")
-
-
 class AgentDispatch(models.Model):
     """One sub-agent: its mission, grant, contract, lifecycle, lease and result."""
 
@@ -395,7 +385,6 @@ class AgentDispatch(models.Model):
     closed_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
 
-    objects = AgentDispatchQuerySet.as_manager()
 
     class Meta:
         ordering = ["turn_id", "id"]

@@ -59,6 +59,7 @@ from orchestration.budgets.limits import Limits, LimitTripped
 from orchestration.budgets.pricing import MILLION, call_cost, format_usd, price_for
 from orchestration.llm import Usage
 from orchestration.models import SpendAllowance, SpendCounter, Turn
+from orchestration.records.compiled import CompiledRead, CompiledUpdate
 from orchestration.zones import user_time_zone
 
 SPEND_CAP = "spend_cap"  # the limit of a pause on a user's allowance
@@ -127,9 +128,14 @@ def caps_for(user) -> Caps:
         "tokens_per_day": int(site["tokens_per_day"]), "tokens_per_month": int(site["tokens_per_month"]),
         "usd_per_day": Decimal(str(site["usd_per_day"])), "usd_per_month": Decimal(str(site["usd_per_month"])),
     }
-    own = SpendAllowance.objects.filter(user_id=user.pk).values(*values).first() or {}
-    values.update({name: value for name, value in own.items() if value is not None})
+    for own in _allowance_of.dicts(user.pk):
+        values.update({name: value for name, value in own.items() if value is not None})
     return Caps(**values)
+
+
+# Read once per delivery of every agent: compiled once (orchestration/records/compiled.py).
+_allowance_of = CompiledRead(lambda user_id: SpendAllowance.objects.filter(user_id=user_id).order_by("pk").values(
+    "tokens_per_day", "tokens_per_month", "usd_per_day", "usd_per_month")[:1])
 
 
 # --- periods -----------------------------------------------------------------------------------
@@ -217,9 +223,19 @@ def spend_periods_start(*, user, now: datetime) -> None:
 def _current_rows(user_id: int, now: datetime, *, lock: bool = False) -> list[tuple]:
     """The user's rows of the periods current at `now`, with what they counted; locked
     (in key order) for a reservation."""
-    rows = SpendCounter.objects.filter(user_id=user_id, ends_at__gt=now)
-    return list((_in_order(rows) if lock else rows).values_list(
-        "pk", "period", "starts_on", "ends_at", "time_zone", "tokens", "cost_usd"))
+    return (_current_locked if lock else _current)(user_id, now)
+
+
+def _current_read(*, lock: bool) -> CompiledRead:
+    """Read (or locked) with every reservation and every delivery's spend: compiled once."""
+    def build(user_id, now):
+        rows = SpendCounter.objects.filter(user_id=user_id, ends_at__gt=now)
+        return (_in_order(rows) if lock else rows).values_list(
+            "pk", "period", "starts_on", "ends_at", "time_zone", "tokens", "cost_usd")
+    return CompiledRead(build, arity=2)
+
+
+_current, _current_locked = _current_read(lock=False), _current_read(lock=True)
 
 
 def _in_order(rows):
@@ -353,8 +369,7 @@ def _reserve(user_id: int, caps: Caps, now: datetime, *, model: str, prompt: int
     if completion < least or not all(use.fits(tokens, cost) for use in uses):
         raise _trip(uses, prompt + least, _cost(model, prompt, least))
     rows = tuple(use.row_id for use in uses)
-    SpendCounter.objects.filter(pk__in=rows).update(
-        tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=now)
+    _counted(rows, tokens=tokens, cost=cost, now=now)
     return Reservation(rows=rows, tokens=tokens, cost_usd=cost, max_tokens=allowance)
 
 
@@ -366,8 +381,7 @@ def spend_add(*, user, tokens: int, cost: Decimal) -> None:
     with transaction.atomic():
         rows = [row[0] for row in _current_rows(user.pk, now, lock=True)]
         if len(rows) == len(KINDS):
-            SpendCounter.objects.filter(pk__in=rows).update(
-                tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=now)
+            _counted(rows, tokens=tokens, cost=cost, now=now)
             return
     spend_periods_start(user=user, now=now)  # the period's first calls
     spend_add(user=user, tokens=tokens, cost=cost)
@@ -442,6 +456,17 @@ def _adjust(reservation: Reservation, tokens: int, cost: Decimal) -> None:
         with transaction.atomic():
             list(_in_order(rows).values_list("pk", flat=True))  # locked, then changed
             rows.update(tokens=F("tokens") + tokens, cost_usd=F("cost_usd") + cost, updated_at=timezone.now())
+
+
+def _counted(rows, *, tokens: int, cost: Decimal, now: datetime) -> None:
+    """Add to the rows of the current periods, one of each KIND (locked already): one UPDATE."""
+    first, second = rows
+    _counting(first=first, second=second, tokens=tokens, cost=cost, now=now)
+
+
+# Every reservation and every delivery's spend runs it: compiled once.
+_counting = CompiledUpdate(lambda p: (SpendCounter.objects.filter(pk__in=[p.first, p.second]), {
+    "tokens": F("tokens") + p.tokens, "cost_usd": F("cost_usd") + p.cost, "updated_at": p.now}))
 
 
 def _trip(uses: list[PeriodUse], tokens: int, cost: Decimal) -> LimitTripped:

@@ -189,7 +189,7 @@ def dispatch_batch(*, turn: Turn, calls: list[ToolCall], task_prompt: str, domai
     queue what can start; returns the plan, refusals included. The caller holds the
     turn's lock: the turn's agents are read once, for the plan and for the schedule;
     `domains` it found before (`skill_domains`)."""
-    dispatches = list(turn.dispatches.for_schedule())
+    dispatches = lifecycle.schedule_rows(turn)
     planned = plan_batch(turn=turn, calls=calls, dispatches=dispatches, domains=domains, parent=parent,
                          profiles=profiles)
     valid = [item for item in planned if not item.error]

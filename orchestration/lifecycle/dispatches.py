@@ -17,6 +17,7 @@ in any way, `turn_dispatches_close` closes every dispatch it has.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import timedelta
 
@@ -39,6 +40,7 @@ from orchestration.models import (
     TurnStatus,
 )
 from orchestration.records.catalogue import AGENT_CLOSED, AGENT_STARTED
+from orchestration.records.compiled import CompiledRead, CompiledUpdate, Param, attnames, related_attnames
 from orchestration.records.events import event_new, events_record
 from skills.provenance import merged  # noqa: F401 (the engine calls it lifecycle.merged)
 
@@ -112,12 +114,38 @@ def transition(dispatch_id: int, *, source: str | Iterable[str], target: str, wh
     if it is still there (and matches `where`, e.g. the caller's lease token; with
     `turn_live`, while its turn runs or waits). False when another worker, the owner or
     the reaper moved it first: the caller must not go on."""
-    sources = _checked(AGENT_TRANSITIONS, source, target)
-    matching = AgentDispatch.objects.filter(pk=dispatch_id, state__in=sources, **(where or {}))
+    return _move(AgentDispatch, dispatch_id, _checked(AGENT_TRANSITIONS, source, target), target, where or {},
+                 fields, turn_live)
+
+
+def _move(model, pk: int, sources: list[str], target: str, where: dict, fields: dict, turn_live: bool) -> bool:
+    """The conditional UPDATE of one row of `model` (a dispatch, a turn), compiled once for
+    each shape a caller uses (a few dozen in all); a value that is an expression (a
+    Continue's count) is built by the ORM each time, on those rarer paths."""
+    if any(hasattr(value, "resolve_expression") for value in (*where.values(), *fields.values())):
+        return bool(_moving_rows(model, pk, sources, where, turn_live).update(**{_STATE[model]: target, **fields}))
+    moving = _moving(model, tuple(sources), target, tuple(where), tuple(fields), turn_live)
+    return bool(moving(pk=pk, **{f"where_{name}": value for name, value in where.items()}, **fields))
+
+
+@functools.lru_cache(maxsize=256)
+def _moving(model, sources: tuple, target: str, where: tuple, fields: tuple, turn_live: bool) -> CompiledUpdate:
+    def build(p):
+        matching = _moving_rows(model, p.pk, sources, {name: p[f"where_{name}"] for name in where}, turn_live)
+        return matching, {_STATE[model]: target, **{name: p[name] for name in fields}}
+    return CompiledUpdate(build)
+
+
+_STATE = {AgentDispatch: "state", Turn: "status"}  # the column a transition moves
+
+
+def _moving_rows(model, pk, sources, where: dict, turn_live: bool):
+    """The row of `model` with `pk` while it is in one of `sources` (and matches `where`;
+    with `turn_live`, while its turn runs or waits)."""
+    matching = model.objects.filter(pk=pk, **{f"{_STATE[model]}__in": sources}, **where)
     if turn_live:  # EXISTS, not a join: an UPDATE over a join is a subquery of the table itself
-        matching = matching.filter(Exists(Turn.objects.filter(
-            pk=OuterRef("turn_id"), status__in=WORKING_TURN_STATUSES)))
-    return bool(matching.update(state=target, **fields))
+        matching = matching.filter(Exists(Turn.objects.filter(pk=OuterRef("turn_id"), status__in=WORKING_TURN_STATUSES)))
+    return matching
 
 
 def transition_each(values: dict[int, dict], *, source: str, target: str, **fields) -> set[int]:
@@ -126,10 +154,11 @@ def transition_each(values: dict[int, dict], *, source: str, target: str, **fiel
     `lease_token`, each its own: that is how the moved ones are told apart when some
     were moved by someone else first (one more statement, then)."""
     sources = _checked(AGENT_TRANSITIONS, source, target)
-    names = sorted({name for row in values.values() for name in row})  # the same statement each time
-    cases = {name: Case(*[When(pk=pk, then=Value(row[name])) for pk, row in values.items()],
-                        output_field=AgentDispatch._meta.get_field(name)) for name in names}
-    moved = AgentDispatch.objects.filter(pk__in=values, state__in=sources).update(state=target, **cases, **fields)
+    names = tuple(sorted({name for row in values.values() for name in row}))  # the same statement each time
+    given = {f"pk_{index}": pk for index, pk in enumerate(values)}
+    given |= {f"{name}_{index}": row[name] for index, row in enumerate(values.values()) for name in names}
+    moving = _moving_each(len(values), names, tuple(sources), target, tuple(fields))
+    moved = moving(**given, **fields)
     if moved == len(values):
         return set(values)
     tokens = [row["lease_token"] for row in values.values()]
@@ -137,26 +166,43 @@ def transition_each(values: dict[int, dict], *, source: str, target: str, **fiel
                .values_list("pk", flat=True))
 
 
+@functools.lru_cache(maxsize=64)
+def _moving_each(count: int, names: tuple, sources: tuple, target: str, fields: tuple) -> CompiledUpdate:
+    """transition_each's UPDATE for `count` dispatches: a CASE per column set per row."""
+    def build(p):
+        ids = [p[f"pk_{index}"] for index in range(count)]
+        cases = {name: Case(*[When(pk=ids[index], then=Param(f"{name}_{index}", output_field=column))
+                              for index in range(count)], output_field=column)
+                 for name in names for column in [AgentDispatch._meta.get_field(name)]}
+        return (AgentDispatch.objects.filter(pk__in=ids, state__in=sources),
+                {"state": target, **cases, **{name: p[name] for name in fields}})
+    return CompiledUpdate(build)
+
+
 def turn_move(turn_id: int, *, source: str | Iterable[str], target: str, where: dict | None = None,
               **fields) -> bool:
     """`transition` for a turn's status (TURN_TRANSITIONS)."""
-    sources = _checked(TURN_TRANSITIONS, source, target)
-    return bool(Turn.objects.filter(pk=turn_id, status__in=sources, **(where or {})).update(status=target, **fields))
+    return _move(Turn, turn_id, _checked(TURN_TRANSITIONS, source, target), target, where or {}, fields, False)
 
 
 def lock_turn(turn_id: int) -> Turn:
-    """Serialise the turn's scheduling decisions on its row.
+    """Serialise the turn's scheduling decisions on its row (with its conversation read).
 
     FOR NO KEY UPDATE of the turn row only: inserting an Event (or any row pointing at the
     turn or the conversation) takes a KEY SHARE lock on them, which a plain FOR UPDATE —
     or locking the joined conversation too — would conflict with, in the opposite order:
     a deadlock on PostgreSQL.
     """
-    return (
-        Turn.objects.select_for_update(no_key=True, of=("self",))
-        .select_related("conversation")
-        .get(pk=turn_id)
-    )
+    found = _locked_turn.instances(Turn, turn_id)
+    if not found:
+        raise Turn.DoesNotExist(f"no turn {turn_id}")
+    return found[0]
+
+
+# Every end of an agent and every schedule decision takes it: compiled once.
+_locked_turn = CompiledRead(lambda turn_id: Turn.objects.select_for_update(no_key=True, of=("self",))
+                            .filter(pk=turn_id).order_by()
+                            .values_list(*attnames(Turn), *related_attnames(Turn, "conversation")))
 
 
 # --- scheduling -------------------------------------------------------------------------
@@ -179,7 +225,7 @@ def dispatch_schedule(turn: Turn, dispatches: list[AgentDispatch] | None = None,
     if turn.status not in WORKING_TURN_STATUSES:
         return []
     if dispatches is None:
-        dispatches = list(turn.dispatches.for_schedule())
+        dispatches = schedule_rows(turn)
     by_id = {d.agent_id: d for d in dispatches}
     _skip_unstartable(dispatches, by_id)
     for waiting in [d for d in dispatches if d.state == DispatchState.WAITING]:
@@ -199,6 +245,25 @@ def dispatch_schedule(turn: Turn, dispatches: list[AgentDispatch] | None = None,
     if turn.status == TurnStatus.RUNNING and not turn.lease_token and unqueued(turn.queued_at):
         enqueue_orchestrator_step(turn.pk)
     return started
+
+
+def schedule_rows(turn: Turn) -> list[AgentDispatch]:
+    """What the schedule rule (and a dispatch's plan) reads of the turn's agents, each
+    with `turn` on it as its related manager would set it. It reads every agent of the
+    turn whenever one ends or is created: loading each one's whole row, its transcript
+    and report included, was most of an agent's end, and building the read most of the
+    rest (compiled once). A rarer path that reads another column (a skip's event) loads
+    it then."""
+    found = _schedule_rows.instances(AgentDispatch, turn.pk)
+    for dispatch in found:
+        _DISPATCH_TURN.set_cached_value(dispatch, turn)
+    return found
+
+
+_schedule_rows = CompiledRead(lambda turn_id: AgentDispatch.objects.filter(turn_id=turn_id).order_by("id")
+                              .values_list("id", "turn_id", "parent_id", "agent_id", "state", "outcome",
+                                           "depends_on", "awaiting", "queued_at", "started_at"))
+_DISPATCH_TURN = AgentDispatch._meta.get_field("turn")
 
 
 def agents_deliver(ready: list[AgentDispatch]) -> None:
@@ -513,4 +578,11 @@ def dispatch_usage_settle(dispatch: AgentDispatch) -> None:
 
 
 def turn_counter_add(turn_id: int, **amounts: int) -> None:
-    Turn.objects.filter(pk=turn_id).update(**{k: F(k) + v for k, v in amounts.items() if v})
+    """Add `amounts` to the turn's counters (one UPDATE; nothing when they are all 0)."""
+    if amounts := {name: amount for name, amount in amounts.items() if amount}:
+        _counters_adding(tuple(amounts))(pk=turn_id, **amounts)
+
+
+@functools.lru_cache(maxsize=64)
+def _counters_adding(names: tuple) -> CompiledUpdate:
+    return CompiledUpdate(lambda p: (Turn.objects.filter(pk=p.pk), {name: F(name) + p[name] for name in names}))

@@ -1,16 +1,20 @@
-"""Reads compiled once per process (orchestration/records/compiled.py): each call gives
-what its queryset would, for whichever ids it is given, converted as Django converts
-rows (JSON, times, booleans, decimals), on both databases, without building it again."""
+"""Statements compiled once per process (orchestration/records/compiled.py): each read
+gives what its queryset would, for whichever ids it is given, converted as Django
+converts rows (JSON, times, booleans, decimals), and each update changes what the
+queryset's update would, on both databases, without building it again."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
 import pytest
-from django.db.models import Count, Q, Sum
+from django.db import transaction
+from django.db.models import Count, F, Q, Sum
+from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
-from orchestration.models import AgentDispatch, Event, LLMCall
-from orchestration.records.compiled import CompiledRead
+from orchestration.models import AgentDispatch, Event, LLMCall, Turn
+from orchestration.records.compiled import CompiledRead, CompiledUpdate, related_attnames
 from tests.factories import conversation_for, dispatch_for, turn_for
 
 pytestmark = pytest.mark.django_db
@@ -95,3 +99,79 @@ def test_a_positive_integer_varies_too(two_turns):
     conversation_id = two_turns[0].conversation_id
     for number in (0, 1, 2):
         assert sorted(read(conversation_id, number)) == sorted(up_to(conversation_id, number))
+
+
+def test_an_id_compared_with_a_time_is_prepared_as_the_column_keeps_it(two_turns):
+    """SQLite keeps times as text in its own format, PostgreSQL as timestamps: a value
+    compared with a time column goes in as the ORM's own filter would pass it."""
+    turn = two_turns[1]
+    created = list(Event.objects.filter(turn=turn).order_by("id").values_list("created_at", flat=True))
+    read = CompiledRead(lambda turn_id, until: Event.objects.filter(turn_id=turn_id, created_at__lte=until)
+                        .order_by("id").values_list("id"), arity=2)
+
+    for until in created:
+        assert read(turn.pk, until) == list(Event.objects.filter(turn=turn, created_at__lte=until)
+                                           .order_by("id").values_list("id"))
+    assert len(read(turn.pk, created[-1])) == len(created)
+
+
+def test_instances_carry_the_related_rows_they_read(two_turns, django_assert_num_queries):
+    read = CompiledRead(lambda turn_id: AgentDispatch.objects.filter(turn_id=turn_id).values_list(
+        "id", "agent_id", "profile_id", *related_attnames(AgentDispatch, "turn__conversation"),
+        *related_attnames(AgentDispatch, "turn"), *related_attnames(AgentDispatch, "profile")))
+
+    with django_assert_num_queries(1):
+        [got] = read.instances(AgentDispatch, two_turns[0].pk)
+        assert got.turn.conversation.owner_id == two_turns[0].conversation.owner_id
+        assert got.turn.number == two_turns[0].number and got.turn.limits == two_turns[0].limits
+        assert got.profile is None  # a nullable key with no row: None, as select_related gives it
+
+
+@pytest.mark.django_db(transaction=True)  # no transaction around the test: the read's own check
+def test_a_locking_read_runs_only_inside_a_transaction(two_turns):
+    read = CompiledRead(lambda turn_id: Turn.objects.select_for_update(no_key=True, of=("self",))
+                        .filter(pk=turn_id).values_list("id"))
+    with transaction.atomic():
+        assert read(two_turns[0].pk) == [(two_turns[0].pk,)]
+    with pytest.raises(TransactionManagementError):
+        read(two_turns[0].pk)  # compiled already, and still refused, as the queryset is
+
+
+def test_an_update_changes_what_the_querysets_update_would(two_turns):
+    """Each call's values go where its build put them, prepared as their columns are
+    (text, JSON, a time, NULL); it changes only the rows that match, and says how many."""
+    release = CompiledUpdate(lambda p: (
+        AgentDispatch.objects.filter(pk=p.pk, lease_token=p.token, state__in=["running", "created"]),
+        {"lease_token": p.new_token, "awaiting": p.awaiting, "finished_at": p.at, "result": p.result}))
+    agents = [turn.dispatches.get() for turn in two_turns]
+    AgentDispatch.objects.filter(pk=agents[0].pk).update(lease_token="mine", state="running")
+    at = timezone.now()
+
+    assert release(pk=agents[0].pk, token="someone else's", new_token="", awaiting={}, at=at, result="no") == 0
+    assert release(pk=agents[0].pk, token="mine", new_token="next", awaiting={"agent_ids": ["b", "ç"]}, at=at,
+                   result="it's done — 100%") == 1
+    assert release(pk=agents[0].pk, token="next", new_token="", awaiting={}, at=None, result="again") == 1
+
+    first, other = (AgentDispatch.objects.get(pk=agent.pk) for agent in agents)
+    assert (first.lease_token, first.awaiting, first.finished_at, first.result) == ("", {}, None, "again")
+    assert other.result == agents[1].result  # not touched
+    assert release(pk=agents[0].pk, token="", new_token="", awaiting={"n": [1]}, at=at, result="x") == 1
+    assert AgentDispatch.objects.get(pk=agents[0].pk).finished_at == at
+    assert AgentDispatch.objects.get(pk=agents[0].pk).awaiting == {"n": [1]}
+
+
+def test_an_update_adds_to_counters(two_turns):
+    add = CompiledUpdate(lambda p: (Turn.objects.filter(pk=p.pk), {"prompt_tokens": F("prompt_tokens") + p.tokens}))
+    for tokens in (5, 7):
+        assert add(pk=two_turns[0].pk, tokens=tokens) == 1
+    assert Turn.objects.get(pk=two_turns[0].pk).prompt_tokens == two_turns[0].prompt_tokens + 12
+    assert Turn.objects.get(pk=two_turns[1].pk).prompt_tokens == two_turns[1].prompt_tokens
+
+
+def test_an_update_takes_exactly_its_values(two_turns):
+    add = CompiledUpdate(lambda p: (Turn.objects.filter(pk=p.pk), {"prompt_tokens": F("prompt_tokens") + p.tokens}))
+    with pytest.raises(TypeError, match="takes the values"):
+        add(pk=two_turns[0].pk)
+    with pytest.raises(TypeError, match="takes the values"):
+        add(pk=two_turns[0].pk, tokens=1, cost=2)
+    assert Turn.objects.get(pk=two_turns[0].pk).prompt_tokens == two_turns[0].prompt_tokens
