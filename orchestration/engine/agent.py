@@ -15,6 +15,7 @@ The wall clock runs from the agent's first start (`deadline_at`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -76,7 +77,9 @@ from orchestration.records.catalogue import (
     LLM_WAITING,
     SKILL_FINISHED,
 )
+from orchestration.records.compiled import CompiledRead, attnames, related_attnames
 from orchestration.records.events import event_new, event_record, events_record
+from orchestration.records.inserts import llm_call_record
 from orchestration.reports.errors import failure_of
 from skills.executor import Ahead, SkillOutcome, ahead_saved, execute_skill, run_ahead
 from skills.tools import use_skill_tool
@@ -137,16 +140,14 @@ class Agent:
     def claim(cls, dispatch_id: int) -> Agent | None:
         """created → running, if it is (a second delivery, or one for an agent that is
         waiting or done, claims nothing)."""
-        try:
-            # get(), not first(): no ORDER BY to compile over four joined tables (3 ms of CPU).
-            dispatch = (AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
-                        .get(pk=dispatch_id, state=DispatchState.CREATED, turn__status__in=WORKING_TURN_STATUSES))
-        except AgentDispatch.DoesNotExist:
+        found = _agents_read([dispatch_id], state=DispatchState.CREATED, turn_working=True)
+        if not found:
             # Its turn is paused (or over): this delivery is spent. Unstamped, the agent
             # is queued again by the schedule rule when the turn resumes.
             AgentDispatch.objects.filter(pk=dispatch_id, state=DispatchState.CREATED).exclude(
                 turn__status__in=WORKING_TURN_STATUSES).update(queued_at=None)
             return None
+        dispatch = found[0]
         first_start, counted, awaited = dispatch.started_at is None, False, dispatch.awaiting
         if first_start:
             with transaction.atomic():  # one commit: the claim, its event and its first call counted
@@ -181,10 +182,8 @@ class Agent:
         another on the process's database threads, each then counting its first call."""
         if len(dispatch_ids) == 1:
             return {pk: agent for pk in dispatch_ids if (agent := cls.claim(pk)) is not None}
-        ready = {dispatch.pk: dispatch for dispatch in (
-            AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
-            .filter(pk__in=dispatch_ids, state=DispatchState.CREATED, turn__status__in=WORKING_TURN_STATUSES,
-                    started_at=None))}
+        ready = {dispatch.pk: dispatch for dispatch in _agents_read(
+            dispatch_ids, state=DispatchState.CREATED, turn_working=True, never_started=True)}
         # Not found: not ready (claim says why) or resumed (claim writes why): one by one.
         claimed = {pk: agent for pk in dispatch_ids if pk not in ready and (agent := cls.claim(pk)) is not None}
         if not ready:
@@ -199,8 +198,7 @@ class Agent:
         (lifecycle.agents_deliver): their rows read in one statement, and nothing
         written; one that is no longer running under its lease (stopped since) is left."""
         items = {item.item_id: item for item in claimed}
-        rows = (AgentDispatch.objects.select_related("turn__conversation__owner", "profile")
-                .filter(pk__in=items, state=DispatchState.RUNNING))
+        rows = _agents_read(list(items), state=DispatchState.RUNNING)
         started = [dispatch for dispatch in rows if dispatch.lease_token == items[dispatch.pk].token]
         return cls._begun(started, {pk: item.counted for pk, item in items.items()})
 
@@ -414,12 +412,12 @@ class Agent:
         way that finds out why: nothing acts on it here, or its calls run the usual way."""
         dispatch = self.dispatch
         usage = response.usage
-        LLMCall.objects.create(  # first: a step another delivery stored rolls back nothing else
+        llm_call_record(LLMCall(  # first: a step another delivery stored rolls back nothing else
             turn_id=dispatch.turn_id, dispatch=dispatch, key=_key(dispatch, step),
             model=response.model or dispatch.model, response=response.to_json(), duration_ms=duration_ms,
             prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
             cached_tokens=usage.cached_tokens, cost_usd=call_cost(response.model or dispatch.model, usage),
-        )
+        ))
         self.stored[_key(dispatch, step)] = response.to_json()
         self.counted = False  # the call that was counted is made
         if (report := _report(response)) is not None:
@@ -623,6 +621,32 @@ class Agent:
                 lifecycle.agent_give_back(dispatch.pk, self.token, **self.progress())
         elif kind in (steps.Kind.PAUSE, steps.Kind.HAND_BACK):
             lifecycle.agent_give_back(dispatch.pk, self.token, **self.progress())
+
+
+def _agents_read(ids: list[int], *, state: str, turn_working: bool = False,
+                 never_started: bool = False) -> list[AgentDispatch]:
+    """The agents of `ids` in `state` (with `turn_working`, of a turn that runs or waits;
+    with `never_started`, not begun before), with what a delivery reads of them: their
+    turn, its conversation and owner, and their profile, as `select_related` loads them."""
+    return _agents_statement(len(ids), state, turn_working, never_started).instances(AgentDispatch, *ids)
+
+
+@functools.lru_cache(maxsize=64)
+def _agents_statement(count: int, state: str, turn_working: bool, never_started: bool) -> CompiledRead:
+    """Every claim reads its agents so, one agent or a wave's: compiled once per shape."""
+    def build(*ids):
+        rows = AgentDispatch.objects.filter(pk__in=ids, state=state)
+        if turn_working:
+            rows = rows.filter(turn__status__in=WORKING_TURN_STATUSES)
+        if never_started:
+            rows = rows.filter(started_at=None)
+        return rows.order_by().values_list(*_AGENT_COLUMNS)
+    return CompiledRead(build, arity=count)
+
+
+_AGENT_COLUMNS = (*attnames(AgentDispatch), *(column for path in (
+    "turn", "turn__conversation", "turn__conversation__owner", "profile")
+    for column in related_attnames(AgentDispatch, path)))
 
 
 def _delegation_tools(dispatch: AgentDispatch, limits: Limits) -> list[dict]:

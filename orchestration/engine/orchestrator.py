@@ -46,9 +46,10 @@ from orchestration.llm.base import tool_call_message
 from orchestration.models import AgentDispatch, LLMCall, Message, Turn, TurnStatus
 from orchestration.questions.pauses import turn_pause
 from orchestration.records.catalogue import LLM_WAITING, ORCHESTRATOR_LLM_CALL, ORCHESTRATOR_LLM_RETRY
-from orchestration.records.compiled import CompiledRead, attnames
+from orchestration.records.compiled import CompiledRead, CompiledUpdate, attnames, related_attnames
 from orchestration.records.events import event_record
 from orchestration.records.history import llm_messages, message_append, messages_append, pending_tool_calls
+from orchestration.records.inserts import llm_call_record
 from orchestration.records.output import output_limit, text_bounded
 from skills.registry import catalogue, get_skill_tool_result
 
@@ -61,6 +62,16 @@ STORED = LLMResponse(content="", tool_calls=[], finish_reason="stored")
 # Read with every results call: compiled once (orchestration/records/compiled.py).
 _top_level_agents = CompiledRead(lambda turn_id: AgentDispatch.objects.filter(
     turn_id=turn_id, parent__isnull=True).values_list(*attnames(AgentDispatch)))
+
+
+# Each delivery's load, each check and each stored answer: compiled once.
+_turn_read = CompiledRead(lambda turn_id: Turn.objects.filter(pk=turn_id).order_by().values_list(
+    *attnames(Turn), *related_attnames(Turn, "conversation"), *related_attnames(Turn, "conversation__owner")))
+_lease_renewing = CompiledUpdate(lambda p: (
+    Turn.objects.filter(pk=p.pk, lease_token=p.token, status=TurnStatus.RUNNING), {"lease_expires_at": p.until}))
+_answer_counting = CompiledUpdate(lambda p: (Turn.objects.filter(pk=p.pk, lease_token=p.token), {
+    "lease_expires_at": p.until, "llm_iterations": F("llm_iterations") + 1, "answer_draft": "",
+    **{name: F(name) + p[name] for name in ("prompt_tokens", "completion_tokens", "cached_tokens")}}))
 
 
 class Orchestrator:
@@ -106,7 +117,10 @@ class Orchestrator:
 
     def load(self) -> None:
         self.stored = None
-        self.turn = Turn.objects.select_related("conversation__owner").get(pk=self.turn_id)
+        found = _turn_read.instances(Turn, self.turn_id)
+        if not found:
+            raise Turn.DoesNotExist(f"no turn {self.turn_id}")
+        self.turn = found[0]
         self.limits = Limits.from_json(self.turn.limits)
         self.spend = self.spend or SpendMeter(self.turn.conversation.owner)
         # The last stored answer is acted on again (its pending calls); earlier ones are done.
@@ -121,8 +135,7 @@ class Orchestrator:
         """Renew the lease while the turn runs; else say why not."""
         if runner.handing_back():
             return steps.HAND_BACK
-        if Turn.objects.filter(pk=self.turn_id, lease_token=self.token, status=TurnStatus.RUNNING).update(
-                lease_expires_at=lease_until()):
+        if _lease_renewing(pk=self.turn_id, token=self.token, until=lease_until()):
             self.verified_at = time.monotonic()
             return None
         status = Turn.objects.filter(pk=self.turn_id, lease_token=self.token).values_list("status", flat=True).first()
@@ -217,16 +230,14 @@ class Orchestrator:
     def _store(self, step: int, response: LLMResponse, duration_ms: int) -> Next | None:
         turn, iteration, model = self.turn, step + 1, response.model or self.call["model"]
         usage = _usage(response)
-        if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token).update(
-                lease_expires_at=lease_until(), llm_iterations=F("llm_iterations") + 1, answer_draft="",
-                **{k: F(k) + v for k, v in usage.items()}):
+        if not _answer_counting(pk=self.turn_id, token=self.token, until=lease_until(), **usage):
             return steps.STOP
         # The ids this turn has used, as the request that was answered sent them.
         taken = {m.get("tool_call_id") for m in self.call["messages"] if m.get("tool_call_id")}
         taken.update(c["id"] for m in self.call["messages"] for c in m.get("tool_calls") or [])
         calls = unique_ids(response.tool_calls, taken, suffix=str(iteration), blank="call_")
-        LLMCall.objects.create(turn=turn, key=f"orchestrator:{iteration}", model=model, response=response.to_json(),
-                               duration_ms=duration_ms, **usage, cost_usd=call_cost(model, response.usage))
+        llm_call_record(LLMCall(turn=turn, key=f"orchestrator:{iteration}", model=model, response=response.to_json(),
+                                duration_ms=duration_ms, **usage, cost_usd=call_cost(model, response.usage)))
         turn.llm_iterations = iteration
         tool_calls = [tool_call_message(call) for call in calls]
         assistant = message_append(  # the whole response is in the LLMCall above; the chat keeps a bounded copy

@@ -1,5 +1,5 @@
 """The INSERT of the rows nearly every step appends (events, the orchestrator's
-messages) and of a wave's new agents, written out instead of built by `bulk_create`.
+messages, the model's answers) and of a wave's new agents, written out instead of built by `bulk_create`.
 
 Building it was most of appending: Django compiles an expression per value (the
 messages' numbering subquery) and, on PostgreSQL, passes a plain batch as UNNEST arrays
@@ -58,3 +58,14 @@ def insert(objs: Sequence[models.Model], names: Sequence[str], *, computed: dict
         for obj, (pk,) in zip(batch, ids, strict=True):
             obj.pk = pk
             obj._state.adding, obj._state.db = False, connection.alias
+
+
+LLM_CALL_FIELDS = ("turn", "dispatch", "key", "model", "response", "prompt_tokens", "completion_tokens",
+                   "cached_tokens", "cost_usd", "duration_ms", "created_at")
+
+
+def llm_call_record(call: models.Model) -> models.Model:
+    """Store a model's answer (an LLMCall): its key is unique in its turn, so a step that
+    another delivery stored first raises IntegrityError here, as `create` would."""
+    insert([call], LLM_CALL_FIELDS)
+    return call
