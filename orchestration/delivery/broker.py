@@ -10,6 +10,11 @@ django-q2's own, unchanged.
 
 Delivery stays django-q2's: the queue table is the truth, a notification only says
 "look now". One lost (a listener reconnecting) costs at most IDLE_POLL_SECONDS.
+
+Tasks are taken oldest first, on both databases. django-q2's own read has no ORDER BY,
+and PostgreSQL returns rows in the order they sit on disk: a row rewritten (its lock
+renewed or cleared) or placed in space a deleted one left goes after rows queued later,
+so a turn's first step could wait behind work queued after it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class NotifyingORM(ORM):
 
     def dequeue(self):
         if not _postgres():
-            return super().dequeue()
+            return self._take() or sleep(Conf.POLL)  # as django-q2's: an empty queue waits a poll
         listener = _listener(self.list_key)
         if listener is not None:
             listener = listener.drain()  # before looking: what is sent after this wakes the wait
@@ -51,10 +56,11 @@ class NotifyingORM(ORM):
         return None
 
     def _take(self) -> list[tuple[int, str]]:
-        """ORM.dequeue without its sleep: lock up to Conf.BULK due tasks for this cluster."""
+        """ORM.dequeue without its sleep, in queue order: lock up to Conf.BULK due tasks
+        for this cluster, oldest first."""
         queue = self.get_connection()
         taken = []
-        for task in queue.filter(key=self.list_key, lock__lt=timezone.now())[: Conf.BULK]:
+        for task in queue.filter(key=self.list_key, lock__lt=timezone.now()).order_by("id")[: Conf.BULK]:
             # another cluster may have been faster: the lock is a conditional update
             if queue.filter(id=task.id, lock=task.lock).update(lock=timezone.now() + timedelta(seconds=Conf.RETRY)):
                 taken.append((task.pk, task.payload))

@@ -67,6 +67,10 @@ _top_level_agents = CompiledRead(lambda turn_id: AgentDispatch.objects.filter(
 # Each delivery's load, each check and each stored answer: compiled once.
 _turn_read = CompiledRead(lambda turn_id: Turn.objects.filter(pk=turn_id).order_by().values_list(
     *attnames(Turn), *related_attnames(Turn, "conversation"), *related_attnames(Turn, "conversation__owner")))
+_claiming = CompiledUpdate(lambda p: (Turn.objects.filter(pk=p.pk, status=TurnStatus.RUNNING, lease_token=""),
+                                      {"lease_token": p.token, "lease_expires_at": p.until, "queued_at": None}))
+_task_prompt = CompiledRead(lambda turn_id: Message.objects.filter(turn_id=turn_id, role=Message.Role.USER)
+                            .order_by("seq").values_list("content")[:1])
 _lease_renewing = CompiledUpdate(lambda p: (
     Turn.objects.filter(pk=p.pk, lease_token=p.token, status=TurnStatus.RUNNING), {"lease_expires_at": p.until}))
 _answer_counting = CompiledUpdate(lambda p: (Turn.objects.filter(pk=p.pk, lease_token=p.token), {
@@ -97,9 +101,7 @@ class Orchestrator:
         """Take the turn if it runs and nobody holds it (a dead holder's lease is the
         reaper's to clear: that is how crashes are counted)."""
         token = new_token()
-        claimed = Turn.objects.filter(pk=turn_id, status=TurnStatus.RUNNING, lease_token="").update(
-            lease_token=token, lease_expires_at=lease_until(), queued_at=None)
-        if not claimed:
+        if not _claiming(pk=turn_id, token=token, until=lease_until()):
             return None
         orchestrator = cls(turn_id, token)
         orchestrator.verified_at = time.monotonic()  # its lease just taken: the first call need not ask again
@@ -307,8 +309,7 @@ class Orchestrator:
 
     def _hold(self) -> None:
         """Renew the lease inside the caller's transaction, or stop writing (LeaseLost)."""
-        if not Turn.objects.filter(pk=self.turn_id, lease_token=self.token, status=TurnStatus.RUNNING).update(
-                lease_expires_at=lease_until()):
+        if not _lease_renewing(pk=self.turn_id, token=self.token, until=lease_until()):
             raise LeaseLost(f"turn {self.turn_id}: lease lost")
         self.verified_at = time.monotonic()
 
@@ -323,7 +324,7 @@ class Orchestrator:
 
     def _dispatch_batch(self, calls: list[ToolCall]) -> None:
         turn = self.turn
-        task_prompt = turn.messages.filter(role=Message.Role.USER).values_list("content", flat=True).first() or ""
+        task_prompt = next((content for content, in _task_prompt(turn.pk)), "")
         domains = skill_domains(calls, turn.conversation.owner)
         with transaction.atomic():
             locked = lifecycle.lock_turn(turn.pk)

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from django.db import transaction
-from django.db.models import Case, CharField, Count, Exists, F, OuterRef, Sum, Value, When
+from django.db.models import Case, Count, Exists, F, OuterRef, Sum, When
 from django.utils import timezone
 
 from orchestration.budgets.limits import Limits
@@ -477,12 +477,9 @@ def dispatches_merge(dispatches: list[AgentDispatch]) -> None:
     reasons = {d.pk: "merged" for d in reported} | {d.pk: (d.outcome or "failed")[:300] for d in failed}
     try:
         with transaction.atomic():
-            moved = AgentDispatch.objects.filter(pk__in=[d.pk for d in reported], state=DispatchState.WAITING_FOR_MERGE
-                                                 ).update(state=DispatchState.COMPLETED)
-            closed = AgentDispatch.objects.filter(
-                pk__in=reasons, state__in=[DispatchState.COMPLETED, DispatchState.FAILED]
-            ).update(state=DispatchState.CLOSED, closed_at=now, close_reason=Case(
-                *[When(pk=pk, then=Value(reason)) for pk, reason in reasons.items()], output_field=CharField()))
+            moved = _merging(len(reported))(**{f"pk_{index}": d.pk for index, d in enumerate(reported)}) if reported else 0
+            closed = _closing(len(reasons))(now=now, **{f"pk_{index}": pk for index, pk in enumerate(reasons)},
+                                            **{f"reason_{index}": reason for index, reason in enumerate(reasons.values())})
             if moved != len(reported) or closed != len(reasons):
                 raise _MovedElsewhere
             finals = {d.pk: "completed" for d in reported} | {d.pk: "failed" for d in failed}
@@ -491,6 +488,25 @@ def dispatches_merge(dispatches: list[AgentDispatch]) -> None:
     except _MovedElsewhere:
         for dispatch in reported + failed:
             dispatch_merge(dispatch)
+
+
+@functools.lru_cache(maxsize=64)
+def _merging(count: int) -> CompiledUpdate:
+    """waiting_for_merge → completed for `count` agents: every results call runs it."""
+    return CompiledUpdate(lambda p: (AgentDispatch.objects.filter(
+        pk__in=[p[f"pk_{index}"] for index in range(count)], state=DispatchState.WAITING_FOR_MERGE),
+        {"state": DispatchState.COMPLETED}))
+
+
+@functools.lru_cache(maxsize=64)
+def _closing(count: int) -> CompiledUpdate:
+    """completed or failed → closed for `count` agents, each with its reason."""
+    reason = AgentDispatch._meta.get_field("close_reason")
+    return CompiledUpdate(lambda p: (AgentDispatch.objects.filter(
+        pk__in=[p[f"pk_{index}"] for index in range(count)], state__in=[DispatchState.COMPLETED, DispatchState.FAILED]),
+        {"state": DispatchState.CLOSED, "closed_at": p.now, "close_reason": Case(
+            *[When(pk=p[f"pk_{index}"], then=Param(f"reason_{index}", output_field=reason)) for index in range(count)],
+            output_field=reason)}))
 
 
 class _MovedElsewhere(Exception):
@@ -556,11 +572,17 @@ def turn_dispatches_close(turn: Turn, *, reason: str) -> None:
     """The turn is over: every dispatch it has reaches `closed`. Unfinished ones are
     cancelled; finished ones nobody read are merged unread. Call in the transaction
     that ends the turn."""
-    for dispatch in turn.dispatches.exclude(state=DispatchState.CLOSED).order_by("id"):
+    for dispatch in _unclosed.instances(AgentDispatch, turn.pk):
+        _DISPATCH_TURN.set_cached_value(dispatch, turn)
         if dispatch.state in OPEN_STATES:
             dispatch_cancel(dispatch, reason=f"cancelled: {reason}")
         else:
             dispatch_merge(dispatch, unread=reason)
+
+
+# Every turn's end reads it (nothing, when its agents were all merged): compiled once.
+_unclosed = CompiledRead(lambda turn_id: AgentDispatch.objects.filter(turn_id=turn_id).exclude(
+    state=DispatchState.CLOSED).order_by("id").values_list(*attnames(AgentDispatch)))
 
 
 def dispatch_usage_settle(dispatch: AgentDispatch) -> None:

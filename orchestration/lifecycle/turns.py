@@ -15,6 +15,7 @@ from orchestration.lifecycle import dispatches as lifecycle
 from orchestration.lifecycle.refusals import TurnOver, TurnRefused  # noqa: F401 - raised here, imported from here
 from orchestration.models import (
     ACTIVE_TURN_STATUSES,
+    AgentDispatch,
     Conversation,
     DispatchOutcome,
     Message,
@@ -25,6 +26,7 @@ from orchestration.models import (
 )
 from orchestration.questions.pauses import pause_recorded
 from orchestration.records.catalogue import TURN_COMPLETED, TURN_FAILED, TURN_STARTED, TURN_STOPPED
+from orchestration.records.compiled import CompiledRead, CompiledUpdate, attnames, related_attnames
 from orchestration.records.events import MAX_CARRIED_CHARS, event_record, group_notify
 from orchestration.records.history import message_append
 from orchestration.records.outside import conversation_outside_fold
@@ -112,9 +114,7 @@ def turn_draft_save(*, turn: Turn, token: str, text: str) -> None:
     longer to write than a lease lasts). The message carries the draft, so an open page
     does not read it back."""
     text = text[:MAX_DRAFT_CHARS]
-    if Turn.objects.filter(pk=turn.pk, lease_token=token, status=TurnStatus.RUNNING).update(
-        answer_draft=text, lease_expires_at=lease_until()
-    ):
+    if _drafting(pk=turn.pk, token=token, draft=text, until=lease_until()):
         message = {"type": "answer.streamed", "turn_id": turn.pk}
         if len(text) <= MAX_CARRIED_CHARS:  # a longer one is announced without it: the pages read it
             message["draft"] = text
@@ -131,10 +131,29 @@ def _finish(turn_id: int, token: str | None, *, status: str, error: str = "") ->
                                finished_at=timezone.now(), lease_token="", lease_expires_at=None, awaiting={},
                                answer_draft=""):
         return None
-    turn = Turn.objects.select_related("conversation").get(pk=turn_id)
+    (turn,) = _ended_turn.instances(Turn, turn_id)
     conversation_outside_fold(turn=turn)
     otel.after_ending(turn_id)  # its trace, once this commits (when OTEL_* asks for one)
     return turn
+
+
+# Every turn's end reads and writes these, and a streaming answer saves its draft every
+# ASSISTANT_STREAM_INTERVAL_SECONDS: compiled once (orchestration/records/compiled.py).
+_drafting = CompiledUpdate(lambda p: (Turn.objects.filter(pk=p.pk, lease_token=p.token, status=TurnStatus.RUNNING),
+                                      {"answer_draft": p.draft, "lease_expires_at": p.until}))
+_ended_turn = CompiledRead(lambda turn_id: Turn.objects.filter(pk=turn_id).order_by().values_list(
+    *attnames(Turn), *related_attnames(Turn, "conversation")))
+_conversation_touching = CompiledUpdate(lambda p: (Conversation.objects.filter(pk=p.pk), {"updated_at": p.at}))
+_agent_outcomes = CompiledRead(lambda turn_id: AgentDispatch.objects.filter(turn_id=turn_id).order_by("id")
+                               .values_list("agent_id", "outcome", "error", "close_reason"))
+_calls_not_done = CompiledRead(lambda turn_id: SkillExecution.objects.filter(dispatch__turn_id=turn_id).exclude(
+    status__in=[ExecutionStatus.COMPLETED, ExecutionStatus.RUNNING]).order_by("id").values_list("skill", "result"))
+_calls_done = CompiledRead(lambda turn_id: SkillExecution.objects.filter(
+    dispatch__turn_id=turn_id, status=ExecutionStatus.COMPLETED).order_by("finished_at", "id")
+    .values_list("skill", "arguments", "result"))
+_mcp_caller = CompiledRead(lambda turn_id: SkillExecution.objects.filter(
+    dispatch__turn_id=turn_id, skill__startswith=registry.MCP_PREFIX).order_by("id")
+    .values_list("dispatch__turn__conversation__owner_id")[:1])
 
 
 def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
@@ -155,7 +174,8 @@ def turn_complete(*, turn_id: int, token: str, answer: Message) -> None:
                      "skill_calls": turn.skill_calls, "agents": turn.agents_dispatched,
                      "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens},
         )
-        turn.conversation.save(update_fields=["updated_at"])
+        turn.conversation.updated_at = timezone.now()
+        _conversation_touching(pk=turn.conversation_id, at=turn.conversation.updated_at)
 
 
 def shortfall_note(turn: Turn) -> str:
@@ -164,12 +184,10 @@ def shortfall_note(turn: Turn) -> str:
 
     Written by the engine after the model's answer, so the chat never shows a claim of
     success the audit contradicts."""
-    agents = list(turn.dispatches.order_by("id").values_list("agent_id", "outcome", "error", "close_reason"))
+    agents = _agent_outcomes(turn.pk)
     missed = [(agent_id, outcome or "closed", error or reason) for agent_id, outcome, error, reason in agents
               if outcome != DispatchOutcome.COMPLETED]
-    calls = list(SkillExecution.objects.filter(dispatch__turn=turn)
-                 .exclude(status__in=[ExecutionStatus.COMPLETED, ExecutionStatus.RUNNING])
-                 .order_by("id").values_list("skill", "result"))
+    calls = _calls_not_done(turn.pk)
     declined = [skill for skill, result in calls if _declined(result)]  # the owner's word, not a failure
     unknown = [skill for skill, result in calls if _kind(result) == "in_doubt"]  # lost; may have happened
     failed_calls = [skill for skill, result in calls if not _declined(result) and _kind(result) != "in_doubt"]
@@ -206,8 +224,7 @@ def effect_domains(turn_id: int) -> dict[str, Domain]:
     fetched (the server's process started, or its network waited on, up to its
     timeouts), which must not happen while the turn's row (on SQLite, the database's one
     writer) is locked. One statement when the turn called no MCP tool."""
-    owner_id = (SkillExecution.objects.filter(dispatch__turn_id=turn_id, skill__startswith=registry.MCP_PREFIX)
-                .values_list("dispatch__turn__conversation__owner_id", flat=True).first())
+    owner_id = next((owner_id for owner_id, in _mcp_caller(turn_id)), None)
     return registry.domains_for(get_user_model().objects.get(pk=owner_id) if owner_id else None)
 
 
@@ -216,9 +233,7 @@ def side_effects(turn: Turn, domains: dict[str, Domain]) -> list[str]:
     are not read-only (nested ones included), in the order they ran. A tool of an MCP
     server that is down now is listed by its name: what it did is not known to be nothing."""
     lines = []
-    rows = (SkillExecution.objects.filter(dispatch__turn=turn, status=ExecutionStatus.COMPLETED)
-            .order_by("finished_at", "id").values_list("skill", "arguments", "result"))
-    for name, arguments, result in rows:
+    for name, arguments, result in _calls_done(turn.pk):
         skill = registry.skill_in(domains, name)
         if skill is None:
             if name.startswith(registry.MCP_PREFIX):

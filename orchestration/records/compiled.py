@@ -34,12 +34,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.transaction import TransactionManagementError
 from django.db.models import DEFERRED, Field, Model, QuerySet
 from django.db.models.expressions import BaseExpression, Col, CombinedExpression, Expression
 from django.db.models.lookups import Lookup
 from django.db.models.sql import Query, UpdateQuery
 from django.db.models.sql.where import WhereNode
+from django.db.transaction import TransactionManagementError
 
 
 class Param(Expression):

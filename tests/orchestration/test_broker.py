@@ -38,6 +38,17 @@ def test_a_task_is_taken_once_and_acknowledged(broker):
     assert not OrmQ.objects.filter(key="test-queue").exists()
 
 
+def test_tasks_are_taken_oldest_first(broker):
+    """Even when the oldest row was rewritten since (PostgreSQL then reads it after the
+    newer ones: without an ORDER BY the second task went first)."""
+    for payload in ["first", "second", "third"]:
+        broker.enqueue(payload)
+    oldest = OrmQ.objects.filter(key="test-queue").order_by("id").first()
+    OrmQ.objects.filter(pk=oldest.pk).update(lock=oldest.lock)  # a new row version, at the end
+    taken = [task for _ in range(3) for task in broker.dequeue() or []]
+    assert [payload for _, payload in taken] == ["first", "second", "third"]
+
+
 def test_tasks_of_another_queue_are_not_taken(broker):
     get_broker("other-queue").enqueue("not mine")
     assert broker.dequeue() is None

@@ -44,9 +44,10 @@ def task_search(
         tasks = tasks.filter(due__gte=parse_date(due_after, field="due_after"))
     if due_before:
         tasks = tasks.filter(due__lte=parse_date(due_before, field="due_before"))
+    page = list(tasks[:limit])
     return {
-        "tasks": [_data(task, today) for task in tasks[:limit]],
-        "total": tasks.count(),
+        "tasks": [_data(task, today) for task in page],
+        "total": len(page) if len(page) < limit else tasks.count(),  # counted only when the page is full
     }
 
 
