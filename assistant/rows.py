@@ -10,11 +10,10 @@ strings a row is made of. The page's own timeline uses the same function (the
 from __future__ import annotations
 
 from django.utils import timezone
-from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import slugify
 
-from assistant.payloads import render_payload
+from assistant.payloads import html_format, render_payload
 from orchestration.models import Event
 
 ROW = (
@@ -32,7 +31,7 @@ def event_row(event: Event) -> SafeString:
     """The row, every value escaped (summaries and payloads carry model output), its time
     in the active time zone as pages show times."""
     created = event.created_at
-    return format_html(
+    return html_format(
         ROW, slugify(event.type), event.pk, created.isoformat(),
         timezone.localtime(created).strftime("%H:%M:%S"), _who(event), event.summary, event.type,
         render_payload(event.payload),

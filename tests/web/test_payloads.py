@@ -3,8 +3,11 @@
 from html.parser import HTMLParser
 
 import pytest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext_lazy
 
-from assistant.payloads import render_payload
+from assistant.payloads import html_format, render_payload
 
 
 class Cells(HTMLParser):
@@ -88,3 +91,15 @@ def test_everything_is_escaped(payload):
 
 def test_an_empty_payload_renders_nothing():
     assert render_payload({}) == "" and render_payload(None) == ""
+
+
+@pytest.mark.parametrize("value", [
+    HOSTILE, "\"quoted\" & 'single'", mark_safe("<em>already safe</em>"), gettext_lazy("Lazy <text>"),
+    12, None, 1.5, ["<list>"], "",
+])
+def test_html_format_escapes_as_format_html_does(value):
+    """The rows' and payloads' faster formatter gives format_html's output byte for byte:
+    values escaped, HTML already marked safe kept, lazy text resolved."""
+    template = "<td>{}</td><th title=\"{}\">{}</th>"
+    assert html_format(template, value, value, "<x>") == format_html(template, value, value, "<x>")
+    assert isinstance(html_format(template, value, value, "<x>"), SafeString)
