@@ -24,7 +24,8 @@ socket cheap and the handshakes fast:
   row is rendered once per process) go out on a lane of their own, one thread for the
   process, one render in flight per socket. The rows and the chat no longer wait behind
   them: under `make load` on a slow 2-core machine, an event's commit → socket went from
-  0.5–0.95 s to 0.21–0.23 s at p50 (README, "The live page on a saturated daphne").
+  0.5–0.95 s to 0.21–0.23 s at p50 (docs/performance-history.md, "The live page on a
+  saturated daphne").
   The lane spends at most ASSISTANT_PANEL_CPU_SHARE of a core (assistant/pooled.py):
   with more busy pages than that serves, or daphne saturated, the lane is what slows
   down: each page's panels come less often, and what a socket owes meanwhile is joined
@@ -120,7 +121,8 @@ class ConversationConsumer(AsyncWebsocketConsumer):
         user lookups of sockets connecting: channels' AuthMiddleware runs there too).
         These handlers use no connection of that thread: their database work runs on
         assistant/pooled.py's pools, which close their own. Under `make load` an event
-        then reached its page a third sooner, at p50 and p95 (README, "Load")."""
+        then reached its page a third sooner, at p50 and p95 (docs/performance-history.md,
+        "Off the shared thread")."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
