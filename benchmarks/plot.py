@@ -3,7 +3,7 @@ and latency, this project on PostgreSQL + Redis beside the durable peer where th
 (a workload run on two qclusters is its own group; SQLite runs are their own series).
 
 CPU is drawn as the comparison needs it: the peer has no web side, so ours is split into the
-workers' share and daphne's on top of it, and PostgreSQL's CPU is a bar of its own."""
+workers' share and daphne's on top of it, and PostgreSQL's CPU is a tick on each bar."""
 
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def plot(result_files: list[Path], output: Path) -> Path:
     for index, (name, latency) in enumerate(series):
         cells = [found(name, latency, w) for w in workloads]
         color = plt.get_cmap("tab10")(latencies.index(latency) % 10)
-        # One colour per latency: ours filled, the peer hatched beside it.
-        look = ({"facecolor": "white", "edgecolor": color, "hatch": "///"} if name == PEER else {"color": color})
+        # One colour per latency: ours filled (paler on SQLite), the peer hatched beside it.
+        look = ({"facecolor": "white", "edgecolor": color, "hatch": "///"} if name == PEER
+                else {"color": color, "alpha": 0.55 if "SQLite" in name else 1.0})
         ratio_ax.bar(offsets(index), [c["ratio"] if c else 0 for c in cells], width,
                      label=f"{name}, L={latency} ms", **look)
         workers = [c["workers_ms"] if c else 0 for c in cells]
@@ -80,7 +81,8 @@ def _ours(result: dict) -> dict:
         "series": "ours, " + result["setup"], "latency_ms": result["latency_ms"], "ratio": result["ratio"],
         "workload": result["workload"] + (f" ({clusters} qc)" if clusters > 1 else ""),
         "workers_ms": 1000 * cpu.get("workers", 0) / calls, "web_ms": 1000 * cpu.get("web", 0) / calls,
-        "postgres_ms": result.get("postgres_cpu_ms_per_llm_call", float("nan")),
+        "postgres_ms": (result.get("postgres_cpu_ms_per_llm_call", float("nan"))
+                        if "PostgreSQL" in result["setup"] else float("nan")),  # no tick on SQLite
     }
 
 
