@@ -20,7 +20,6 @@ so a turn's first step could wait behind work queued after it.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from time import sleep
 
 import psycopg
@@ -62,7 +61,7 @@ class NotifyingORM(ORM):
         taken = []
         for task in queue.filter(key=self.list_key, lock__lt=timezone.now()).order_by("id")[: Conf.BULK]:
             # another cluster may have been faster: the lock is a conditional update
-            if queue.filter(id=task.id, lock=task.lock).update(lock=timezone.now() + timedelta(seconds=Conf.RETRY)):
+            if queue.filter(id=task.id, lock=task.lock).update(lock=self.timeout(task)):  # django-q2's lock
                 taken.append((task.pk, task.payload))
         return taken
 
