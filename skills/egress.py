@@ -4,8 +4,8 @@ An address is familiar when it is at the owner's own domain (webmail domains are
 nobody's own), a contact (the owner's email went there before) or on their allow list
 (EgressAllow: an address or a domain). A message to an unfamiliar address asks the owner
 first, whatever the skill's policy (orchestration/questions/approvals.py). The daily caps refuse
-a send outright, counted in the sending transaction with the owner's row locked, so two
-workers cannot both take the last one.
+a send outright, counted in the sending transaction holding the owner's capped-write
+lock (skills/quotas.py `owner_lock`), so two workers cannot both take the last one.
 
 The owner edits the allow list on the Approvals page (assistant/views.py): entries are
 normalised here, the way `unfamiliar` compares them, so an entry that is stored matches.
@@ -16,7 +16,6 @@ from __future__ import annotations
 from datetime import datetime, time
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.validators import DomainNameValidator, validate_email
 from django.utils import timezone
@@ -25,6 +24,7 @@ from skills.base import SkillError
 from skills.domains.email.models import OutboxEmail
 from skills.models import EgressAllow
 from skills.policy import domain_of
+from skills.quotas import owner_lock
 
 RECENT_CONTACTS = 2000  # outbox rows read for contacts
 ENTRY_MAX = EgressAllow._meta.get_field("entry").max_length
@@ -71,7 +71,7 @@ def daily_use(user) -> tuple[int, int]:
 def reserve_daily(user, recipients: list[str]) -> None:
     """Refuse a send beyond the owner's daily caps; call inside the sending transaction."""
     caps = settings.ASSISTANT_EGRESS
-    get_user_model().objects.select_for_update().filter(pk=user.pk).first()  # one send at a time per owner
+    owner_lock(user)  # one send at a time per owner
     messages, recipients_sent = daily_use(user)
     if messages + 1 > caps["daily_messages"]:
         raise SkillError(f"the daily cap of {caps['daily_messages']} messages is reached; it resets at midnight")

@@ -6,9 +6,9 @@ cap, the write is refused with a SkillError that tells the agent what the cap is
 user's other calls, and other users, go on as before.
 
 A cap is counted inside the writing transaction (the handler's, skills/executor.py)
-with the owner's user row locked (SELECT ... FOR UPDATE, as skills/egress.py does for
-the daily mail caps). Two workers writing for the same user therefore take turns: the
-second counts the first one's row or file, and they cannot both take the last slot.
+holding the owner's capped-write lock (`owner_lock`, which skills/egress.py takes for
+the daily mail caps too). Two workers writing for the same user therefore take turns:
+the second counts the first one's row or file, and they cannot both take the last slot.
 Writers for other users do not wait. (On SQLite the whole database has one writer at a
 time, and the executor's transaction writes before its handler runs.)
 """
@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.transaction import TransactionManagementError
 
 from skills.base import SkillError
 from skills.domains.calendar.models import CalendarEvent
@@ -36,9 +37,25 @@ ROWS = {
 }
 
 
+# The advisory lock space of capped writes: pg_advisory_xact_lock(OWNER_LOCKS, user id).
+OWNER_LOCKS = 0x736B6C73  # "skls"
+
+
 def owner_lock(user) -> None:
-    """Hold the owner's row until the transaction ends: one capped write per owner at a time."""
-    get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+    """Hold the owner's capped-write lock until the transaction ends: one capped write
+    per owner at a time.
+
+    A PostgreSQL advisory lock, not the owner's user row: the transaction that holds it
+    may be held open by a slow handler (email.send's stays open across the send), and
+    the engine locks the user's row for its own bookkeeping (a spend period starting:
+    orchestration/budgets/spending.py). On the row, each slow send held that up, and
+    with it a database thread of the runner, until enough slow sends had every other
+    user's steps waiting too. SQLite has one writer at a time: nothing to take there."""
+    if not connection.in_atomic_block:
+        raise TransactionManagementError("owner_lock is held until the transaction ends: call it inside one.")
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [OWNER_LOCKS, user.pk])
 
 
 def rows_reserve(*, user, domain: str, adding: int = 1) -> None:

@@ -130,3 +130,51 @@ def test_two_workers_cannot_both_take_the_last_workspace_entry(settings, alice):
     outcomes = race_for_the_last_slot(
         alice, "files.write", [{"path": f"racer{n}.txt", "content": "x"} for n in range(4)])
     assert sorted(outcome.ok for outcome in outcomes) == [False, False, False, True]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_capped_write_held_open_does_not_hold_up_the_owners_spend_bookkeeping(alice):
+    """email.send keeps its transaction, and the owner's capped-write lock, open across
+    the send (a slow mail server: seconds). Meanwhile the engine starts the owner's spend
+    period, which locks the owner's user row. When the capped-write lock was that row,
+    the engine's database thread waited out the send, and enough slow sends tied up
+    every thread of the runner: other users' steps waited too (tests/live/test_seams.py)."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from orchestration.budgets.spending import spend_periods_start
+    from orchestration.models import SpendCounter
+    from skills.egress import reserve_daily
+
+    sending, sent = threading.Event(), threading.Event()
+
+    def slow_send():
+        try:
+            with transaction.atomic():
+                reserve_daily(alice, ["bob@example.com"])
+                sending.set()
+                sent.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    def bookkeeping():
+        try:
+            spend_periods_start(user=alice, now=timezone.now())
+        finally:
+            connections.close_all()
+
+    sender = threading.Thread(target=slow_send)
+    sender.start()
+    try:
+        assert sending.wait(timeout=10)
+        engine = threading.Thread(target=bookkeeping)
+        engine.start()
+        engine.join(timeout=5)
+        held_up = engine.is_alive()
+    finally:
+        sent.set()
+        sender.join(timeout=30)
+    engine.join(timeout=30)
+    assert not held_up, "the spend period waited for the send to commit"
+    assert SpendCounter.objects.filter(user=alice).count() == 2  # the day's and the month's
