@@ -154,10 +154,11 @@ def test_concurrent_posts_cannot_overshoot(settings, alice, bob):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_message_sent_while_a_mail_goes_out_in_that_conversation_does_not_deadlock(alice):
-    """A skill's transaction locks its conversation, then its owner's row (the email
-    skill's daily cap, skills/egress.py). A message posted to that conversation meanwhile
-    waits for the conversation, and must not hold what the skill needs next: when it held
-    the owner's row, PostgreSQL broke the deadlock by failing one side (a 500, or the mail)."""
+    """A skill's transaction locks its conversation, then its owner's capped-write lock
+    (the email skill's daily cap, skills/egress.py). A message posted to that conversation
+    meanwhile waits for the conversation, and must not hold what the skill needs next:
+    when the post held the owner's row, which that lock then was, PostgreSQL broke the
+    deadlock by failing one side (a 500, or the mail)."""
     from django.db import connection as main_connection
     from django.db import transaction
 
