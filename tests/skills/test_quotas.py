@@ -178,3 +178,15 @@ def test_a_capped_write_held_open_does_not_hold_up_the_owners_spend_bookkeeping(
     engine.join(timeout=30)
     assert not held_up, "the spend period waited for the send to commit"
     assert SpendCounter.objects.filter(user=alice).count() == 2  # the day's and the month's
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_owner_lock_outside_a_transaction_is_refused_not_silently_released(alice):
+    """Outside a transaction the lock would end with its own statement and guard nothing:
+    a caller that forgot the transaction hears so, on SQLite too, where it takes nothing."""
+    from django.db.transaction import TransactionManagementError
+
+    from skills.quotas import owner_lock
+
+    with pytest.raises(TransactionManagementError, match="inside one"):
+        owner_lock(alice)
